@@ -1,0 +1,147 @@
+"""Dimensions: a dim is a non-negative ``int`` or a sympy expression over named symbols.
+
+Symbolic dims are first-class, as in TVM Relax: ``batch``, ``2*seq``, ``floor(n/2)``.
+Every symbol is a positive integer sympy ``Symbol``; expressions are kept simplified so
+that equal dims compare equal.
+
+Example:
+    >>> b = sym("batch")
+    >>> fmt_dim(simplify_dim(b * 2 + 0))
+    '2*batch'
+    >>> broadcast_shapes((b, 1, 3), (4, 1))
+    (batch, 4, 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Union
+
+import sympy
+
+Dim = Union[int, sympy.Expr]
+Shape = tuple[Dim, ...]
+
+_SYMBOLS: dict[str, sympy.Symbol] = {}
+
+
+def sym(name: str) -> sympy.Symbol:
+    """The symbol ``name`` (a positive integer); the same object for the same name."""
+    if name not in _SYMBOLS:
+        _SYMBOLS[name] = sympy.Symbol(name, integer=True, positive=True)
+    return _SYMBOLS[name]
+
+
+def simplify_dim(d) -> Dim:
+    """A dim in canonical form: a Python int when it is a constant, else a sympy expression."""
+    if isinstance(d, bool):
+        raise TypeError("a bool is not a dim")
+    if isinstance(d, int):
+        return d
+    if hasattr(d, "item") and not isinstance(d, sympy.Basic):  # numpy scalar
+        return int(d)
+    e = sympy.simplify(d) if not isinstance(d, sympy.Symbol) else d
+    if e.is_Integer:
+        return int(e)
+    return e
+
+
+def is_static(d: Dim) -> bool:
+    """True when ``d`` is a known integer."""
+    return isinstance(d, int)
+
+
+def shape_is_static(shape: Iterable[Dim]) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def fmt_dim(d: Dim) -> str:
+    """The printed form of a dim: ``7``, ``batch``, ``2*seq``."""
+    return str(d)
+
+
+def parse_dim(text: str) -> Dim:
+    """Parse a printed dim back: ``"7"`` -> 7, ``"batch"`` -> Symbol, ``"2*n"`` -> expression."""
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    names = {}
+    expr = sympy.sympify(text, locals={"floor": sympy.floor, "ceiling": sympy.ceiling})
+    for s in expr.free_symbols:
+        names[s] = sym(s.name)
+    return simplify_dim(expr.xreplace(names))
+
+
+def dim_symbols(shape: Iterable[Dim]) -> set[str]:
+    """Names of the symbols that appear in a shape."""
+    out: set[str] = set()
+    for d in shape:
+        if not isinstance(d, int):
+            out.update(s.name for s in d.free_symbols)
+    return out
+
+
+def evaluate_dim(d: Dim, bindings: Mapping[str, int]) -> Dim:
+    """``d`` with the bound symbols replaced by their values (an int when all are bound)."""
+    if isinstance(d, int):
+        return d
+    subs = {s: bindings[s.name] for s in d.free_symbols if s.name in bindings}
+    return simplify_dim(d.xreplace(subs)) if subs else d
+
+
+def dims_equal(a: Dim, b: Dim) -> bool:
+    """True when two dims are provably equal."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+class BroadcastError(ValueError):
+    """Two shapes that numpy-style broadcasting cannot combine."""
+
+
+def broadcast_dim(a: Dim, b: Dim) -> Dim:
+    """The broadcast of two dims: 1 yields to the other; equal dims stay; else an error."""
+    if isinstance(a, int) and a == 1:
+        return b
+    if isinstance(b, int) and b == 1:
+        return a
+    if dims_equal(a, b):
+        return a
+    if isinstance(a, int) and isinstance(b, int):
+        raise BroadcastError(f"dims {a} and {b} do not broadcast")
+    # One symbolic dim against another: at run time one of them must be 1 or they
+    # must agree. Keep the static one when there is one, as onnxruntime does.
+    if isinstance(a, int):
+        return a
+    if isinstance(b, int):
+        return b
+    return sympy.Max(a, b)
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """Multidirectional (numpy) broadcasting over symbolic shapes."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = [1] * rank
+    for s in shapes:
+        padded = (1,) * (rank - len(s)) + tuple(s)
+        for i, d in enumerate(padded):
+            try:
+                out[i] = broadcast_dim(out[i], d)
+            except BroadcastError:
+                raise BroadcastError(
+                    f"shapes {', '.join(fmt_shape(x) for x in shapes)} do not broadcast (axis {i})"
+                ) from None
+    return tuple(out)
+
+
+def fmt_shape(shape: Iterable[Dim]) -> str:
+    return "[" + ", ".join(fmt_dim(d) for d in shape) + "]"
+
+
+def dim_product(shape: Iterable[Dim]) -> Dim:
+    """The number of elements of a shape."""
+    p: Dim = 1
+    for d in shape:
+        p = p * d
+    return simplify_dim(p)

@@ -1,0 +1,235 @@
+"""The op registry: for each op, its attribute schema, shape/dtype inference and numpy
+reference semantics. It is the one source of truth every stage asks.
+
+An op is registered with :func:`register_op`::
+
+    register_op(
+        "Relu",
+        infer=same_as(0),
+        compute=lambda ctx, x: [np.maximum(x, 0).astype(x.dtype)],
+        doc="max(x, 0)",
+    )
+
+``infer(ctx)`` returns the output :class:`TensorType` list; it reads the input types
+(``ctx.types``), attributes with defaults (``ctx.attr("axis")``), the opset version
+(``ctx.opset``) and, for shape computations, the compile-time values of inputs
+(``ctx.value(i)``: a constant, or the known value of a ``Shape(x)`` computation whose
+entries may be sympy expressions).
+
+``compute(ctx, *inputs)`` returns the output arrays. Ops marked ``symbolic=True`` can
+also be evaluated on object arrays of sympy expressions; shape inference uses that to
+carry ``Shape`` arithmetic through ``Gather``, ``Concat``, ``Slice`` and friends.
+
+Standard ONNX ops without an ``infer`` fall back to ``onnx.shape_inference`` and those
+without ``compute`` to ``onnx.reference``; ``egraft show --ops`` lists which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from egraft.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """An attribute an egraft-only op accepts: its kind and default (``None`` = required)."""
+
+    kind: str  # "int", "float", "string", "ints", "floats", "strings", "tensor", "graph"
+    default: Any = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """What the registry knows of one op.
+
+    Attributes:
+        name: the op name (ONNX spelling for standard ops).
+        domain: "" for the default ONNX domain, else e.g. "com.egraft".
+        infer: shape/dtype inference, or ``None`` to use onnx's shape inference.
+        compute: the numpy reference implementation, or ``None`` to use onnx.reference.
+        symbolic: True when ``compute`` also works on object arrays of sympy dims.
+        attrs: the attribute schema of an egraft-only op (standard ops read onnx's).
+        doc: one line on what the op computes.
+        onnx_function: for an egraft-only op, ``node -> onnx.FunctionProto`` whose body
+            is the op's definition in standard ops; export writes it as a model-local
+            function so onnxruntime can run the exported model.
+    """
+
+    name: str
+    domain: str = ""
+    infer: Callable | None = None
+    compute: Callable | None = None
+    symbolic: bool = False
+    attrs: dict[str, AttrSpec] = field(default_factory=dict)
+    doc: str = ""
+    onnx_function: Callable | None = None
+
+    @property
+    def is_standard(self) -> bool:
+        return self.domain in ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
+
+    def attr_defaults(self, opset: int) -> dict[str, Any]:
+        """Attribute name -> default value at ``opset`` (``None`` when required/absent)."""
+        if not self.is_standard:
+            return {k: a.default for k, a in self.attrs.items()}
+        return dict(_onnx_attr_defaults(self.name, self.domain, opset))
+
+    def known_attrs(self, opset: int) -> set[str]:
+        return set(self.attr_defaults(opset))
+
+
+_REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+
+def register_op(
+    name: str,
+    *,
+    infer: Callable | None = None,
+    compute: Callable | None = None,
+    symbolic: bool = False,
+    domain: str = "",
+    attrs: dict[str, AttrSpec] | None = None,
+    doc: str = "",
+    onnx_function: Callable | None = None,
+) -> OpDef:
+    """Add an op to the registry (or replace its entry) and return its definition."""
+    op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function)
+    _REGISTRY[(domain, name)] = op
+    return op
+
+
+def _normalize_domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def get_op(name: str, domain: str = "") -> OpDef | None:
+    """The definition of an op, or ``None``. Standard ONNX ops that egraft has no entry
+    for still resolve (with onnx fallbacks for both inference and execution)."""
+    _ensure_loaded()
+    domain = _normalize_domain(domain)
+    op = _REGISTRY.get((domain, name))
+    if op is not None:
+        return op
+    if _onnx_has_schema(name, domain):
+        return OpDef(name, domain, doc="(onnx fallback)")
+    return None
+
+
+def all_ops() -> list[OpDef]:
+    """Every registered op, sorted by domain and name."""
+    _ensure_loaded()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def _ensure_loaded() -> None:
+    import egraft.ir.ops  # noqa: F401  (registers the ops on import)
+
+
+@cache
+def _onnx_has_schema(name: str, domain: str) -> bool:
+    import onnx.defs
+
+    return onnx.defs.has(name, domain)
+
+
+@cache
+def _onnx_attr_defaults(name: str, domain: str, opset: int) -> tuple[tuple[str, Any], ...]:
+    import onnx.defs
+    from onnx import helper
+
+    try:
+        schema = onnx.defs.get_schema(name, opset, domain)
+    except onnx.defs.SchemaError:
+        return ()
+    out = []
+    for attr_name, attr in sorted(schema.attributes.items()):
+        default = None
+        if attr.default_value is not None and attr.default_value.type != 0:
+            default = helper.get_attribute_value(attr.default_value)
+            if isinstance(default, bytes):
+                default = default.decode()
+            elif isinstance(default, list) and default and isinstance(default[0], bytes):
+                default = [d.decode() for d in default]
+        out.append((attr_name, default))
+    return tuple(out)
+
+
+@cache
+def onnx_since_version(name: str, domain: str, opset: int) -> int:
+    """The version of the op's ONNX schema in force at ``opset`` (e.g. Softmax at 11 -> 11)."""
+    import onnx.defs
+
+    try:
+        return onnx.defs.get_schema(name, opset, domain).since_version
+    except onnx.defs.SchemaError:
+        return opset
+
+
+class InferContext:
+    """What an op's ``infer`` function sees: input types, attributes, opset, known values."""
+
+    def __init__(self, node, opdef: OpDef, opset: int, types: Sequence[TensorType | None],
+                 values: Sequence[np.ndarray | None], fresh_dim: Callable[[], Any], graph=None):
+        self.node = node
+        self.opdef = opdef
+        self.opset = opset
+        self.types = list(types)
+        self._values = list(values)
+        self.fresh_dim = fresh_dim
+        self.graph = graph
+        self._defaults = opdef.attr_defaults(opset)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.outputs)
+
+    @property
+    def num_inputs(self) -> int:
+        """The number of inputs given (trailing omitted optional inputs not counted)."""
+        return len(self.types)
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.types) and self.types[i] is not None
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute's value, else the op's default at this opset, else ``default``."""
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        d = self._defaults.get(name)
+        return default if d is None else d
+
+    def value(self, i: int) -> np.ndarray | None:
+        """The compile-time value of input ``i`` (constant or known shape arithmetic)."""
+        if i >= len(self._values):
+            return None
+        return self._values[i]
+
+
+class RunContext:
+    """What an op's ``compute`` function sees: the node, attributes and opset."""
+
+    def __init__(self, node, opdef: OpDef, opset: int, run_subgraph: Callable | None = None,
+                 symbolic: bool = False):
+        self.node = node
+        self.opdef = opdef
+        self.opset = opset
+        self.run_subgraph = run_subgraph
+        self.symbolic = symbolic
+        self._defaults = opdef.attr_defaults(opset)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.outputs)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        d = self._defaults.get(name)
+        return default if d is None else d
