@@ -1,3 +1,12 @@
 """The op definitions, one module per family; importing this package registers them all."""
 
-from egraft.ir.ops import elementwise, shape  # noqa: F401
+from egraft.ir.ops import (  # noqa: F401
+    control,
+    elementwise,
+    nn_dense,
+    nn_spatial,
+    quantize,
+    recurrent,
+    reduce_index,
+    shape,
+)

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: the bundled models, re-weighting, comparisons."""
