@@ -68,9 +68,24 @@ def _const_line(label: str, array: np.ndarray, v: Value) -> str:
 
     ttype = TensorType.of(array)
     if array.size <= 8:
-        body = np.array2string(array.ravel(), separator=", ", threshold=8, precision=6).replace("\n", "")
-        return f"  {label}: {ttype} = {body}  # {v.name}"
+        return f"  {label}: {ttype} = {_literal(array)}  # {v.name}"
     return f"  {label}: {ttype}  # {v.name}"
+
+
+def _float(x) -> str:
+    """The shortest text that reads back as the same float (``0.02``, ``1e-05``, ``nan``)."""
+    text = str(x)
+    return text + ".0" if text.lstrip("-").isdigit() else text
+
+
+def _literal(array: np.ndarray) -> str:
+    """A small array's values: ``[1, 18432]``, ``[0.5]`` (floats as float32 reprs when f32)."""
+    values = array.ravel().tolist()
+    if array.dtype.kind == "f":
+        cast = np.float32 if array.dtype == np.float32 else np.float64
+        values = [_float(cast(x)) for x in values]
+        return "[" + ", ".join(values) + "]"
+    return str(values)
 
 
 def fmt_attr(value: Any, namer: _Namer | None = None, indent: str = "") -> str:
@@ -80,14 +95,14 @@ def fmt_attr(value: Any, namer: _Namer | None = None, indent: str = "") -> str:
     if isinstance(value, bool):
         return str(int(value))
     if isinstance(value, float):
-        return repr(float(np.float32(value))) if value == value else "nan"
+        return _float(np.float32(value))
     if isinstance(value, str):
         return '"' + value.replace('"', '\\"') + '"'
     if isinstance(value, np.ndarray):
         from egraft.ir.types import TensorType
 
         if value.size <= 8:
-            return f"tensor<{TensorType.of(value)}>{value.ravel().tolist()}"
+            return f"tensor<{TensorType.of(value)}>{_literal(value)}"
         return f"tensor<{TensorType.of(value)}>"
     if isinstance(value, list | tuple):
         return "[" + ", ".join(fmt_attr(x, namer, indent) for x in value) + "]"

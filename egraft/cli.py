@@ -1,0 +1,298 @@
+"""The ``egraft`` command: a thin layer over the Python API.
+
+Commands: ``show`` (IR text, op histogram, symbolic dims; ``--ops`` lists the op
+registry), ``run`` (the reference executor, ``--check`` against onnxruntime) and
+``conformance`` (the ONNX backend node test suite through egraft).
+
+Every command that takes a MODEL accepts a path to an ``.onnx`` file or the name of a
+model bundled with the onnx package (``resnet50``, ``squeezenet``...). Bad input exits
+with status 2 and a one-line ``error:`` message.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from egraft.errors import EgraftError, InputError, ModelError
+
+app = typer.Typer(
+    help="egraft: an equality-saturation compiler for ONNX models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def resolve_model(model: str) -> Path:
+    """A model path, or the path of a light model bundled with onnx when ``model`` names one."""
+    from egraft.testing.models import LIGHT_MODELS, light_model_path
+
+    path = Path(model)
+    if path.exists() or path.suffix == ".onnx" or "/" in model:
+        return path
+    name = model.removeprefix("light_")
+    if name in LIGHT_MODELS:
+        return light_model_path(name)
+    raise ModelError(f"{model}: no such file, and not a bundled model (bundled: {', '.join(LIGHT_MODELS)})")
+
+
+def parse_bindings(shape: list[str] | None) -> dict[str, int]:
+    """``["batch=1", "seq=128"]`` -> ``{"batch": 1, "seq": 128}``."""
+    out: dict[str, int] = {}
+    for item in shape or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise InputError(f"--shape {item!r}: expected NAME=INT, e.g. --shape batch=1")
+        out[name.strip()] = int(value)
+    return out
+
+
+def _load(model: str):
+    import egraft
+
+    return egraft.load(resolve_model(model))
+
+
+# ---- show ------------------------------------------------------------------------------------
+@app.command()
+def show(
+    model: Annotated[str | None, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")] = None,
+    ops: Annotated[bool, typer.Option("--ops", help="List the op registry instead of a model.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    text: Annotated[bool, typer.Option("--text/--no-text", help="Print the IR text.")] = True,
+) -> None:
+    """Print a model's IR text, its op histogram and its symbolic dims.
+
+    Example: egraft show resnet50
+    """
+    try:
+        if ops:
+            _show_ops(as_json)
+            return
+        if model is None:
+            raise _fail("give a MODEL (a path or a bundled name such as resnet50), or --ops")
+        graph = _load(model)
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    info = {
+        "name": graph.name,
+        "inputs": {v.name: str(v.type) for v in graph.inputs},
+        "outputs": {v.name: str(v.type) for v in graph.outputs},
+        "nodes": len(graph.nodes),
+        "constants": len(graph.constants),
+        "symbols": graph.symbols(),
+        "ops": graph.op_histogram(),
+    }
+    if as_json:
+        info["ir"] = str(graph)
+        print(json.dumps(info, indent=2))
+        return
+    if text:
+        print(str(graph))
+    table = Table(title=f"{graph.name}: {len(graph.nodes)} nodes, {len(graph.constants)} constants")
+    table.add_column("op")
+    table.add_column("count", justify="right")
+    for op, count in info["ops"].items():
+        table.add_row(op, str(count))
+    console.print(table)
+    symbols = ", ".join(info["symbols"]) or "none (all dims static)"
+    console.print(f"symbolic dims: {symbols}", markup=False)
+
+
+def _show_ops(as_json: bool) -> None:
+    from egraft.ir.registry import all_ops
+
+    rows = []
+    for op in all_ops():
+        rows.append({
+            "op": f"{op.domain}::{op.name}" if op.domain else op.name,
+            "inference": "native" if op.infer else "onnx.shape_inference",
+            "execution": "numpy" if op.compute else "onnx.reference",
+            "doc": op.doc,
+        })
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{len(rows)} registered ops (any other standard ONNX op falls back to onnx for both)")
+    for col in ("op", "inference", "execution", "doc"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["op"], r["inference"], r["execution"], r["doc"])
+    console.print(table)
+
+
+# ---- run -------------------------------------------------------------------------------------
+def _read_inputs(graph, items: list[str] | None, bindings: dict[str, int]) -> dict[str, np.ndarray]:
+    from egraft.ir.dims import evaluate_dim
+
+    feeds: dict[str, np.ndarray] = {}
+    names = [v.name for v in graph.inputs]
+    for item in items or []:
+        name, sep, file = item.partition("=")
+        if not sep:
+            raise InputError(f"--input {item!r}: expected NAME=FILE.npy")
+        if name not in names:
+            raise InputError(f"--input {item!r}: the model has no input {name!r}; its inputs are {names}")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {item!r}: cannot read {file}: {e}") from None
+    for v in graph.inputs:
+        if v.name in feeds:
+            continue
+        shape = [evaluate_dim(d, bindings) for d in (v.type.shape or ())]
+        if v.type.shape is None or not all(isinstance(d, int) for d in shape):
+            free = sorted({str(d) for d in shape if not isinstance(d, int)})
+            raise InputError(f"input {v.name!r} ({v.type}) was not given and has unbound dims {free}: "
+                             f"pass --input {v.name}=FILE.npy or --shape {free[0]}=N" if free else
+                             f"input {v.name!r} has an unknown rank: pass --input {v.name}=FILE.npy")
+        n = int(np.prod(shape))
+        feeds[v.name] = (np.arange(n).reshape(shape) / max(n, 1)).astype(v.type.dtype.numpy)
+        console.print(f"input {v.name}: generated arange(n)/n with shape {shape} ({v.type.dtype.short})",
+                      markup=False)
+    return feeds
+
+
+@app.command()
+def run(
+    model: Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")],
+    input: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeat per input).")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", help="Bind a symbolic dim for generated inputs: NAME=INT.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Compare every output with onnxruntime.")] = False,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Save each output as NAME.npy here.")] = None,
+) -> None:
+    """Run a model with the reference executor; inputs not given are generated (arange(n)/n).
+
+    Example: egraft run resnet50 --check
+    """
+    try:
+        bindings = parse_bindings(shape)
+        path = resolve_model(model)
+        import egraft
+
+        graph = egraft.load(path)
+        feeds = _read_inputs(graph, input, bindings)
+        outputs = graph.run(feeds)
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    table = Table(title=f"{path.name}: outputs")
+    for col in ("output", "type", "min", "max", "mean"):
+        table.add_column(col, justify="left" if col in ("output", "type") else "right")
+    for name, value in outputs.items():
+        stats = ("", "", "") if value.size == 0 or value.dtype.kind not in "biuf" else (
+            f"{value.min():.6g}", f"{value.max():.6g}", f"{value.astype(np.float64).mean():.6g}")
+        table.add_row(name, f"{value.dtype}{list(value.shape)}", *stats)
+    console.print(table)
+    if output_dir is not None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, value in outputs.items():
+            target = output_dir / (name.replace("/", "_") + ".npy")
+            np.save(target, value)
+        console.print(f"saved {len(outputs)} outputs to {output_dir}", markup=False)
+    if check:
+        _check_with_onnxruntime(path, feeds, outputs)
+
+
+def _check_with_onnxruntime(path: Path, feeds: dict, outputs: dict) -> None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise _fail("--check needs onnxruntime: pip install 'egraft[dev]'") from None
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    reference = dict(zip(names, session.run(names, feeds)))
+    table = Table(title="egraft vs onnxruntime")
+    for col in ("output", "max abs error", "max rel error", "scale-relative", "ok (<= 1e-3)"):
+        table.add_column(col, justify="left" if col == "output" else "right")
+    worst = 0.0
+    for name, ref in reference.items():
+        ours = outputs[name].astype(np.float64)
+        ref = ref.astype(np.float64)
+        if ours.shape != ref.shape:
+            raise _fail(f"output {name!r}: egraft shape {list(ours.shape)}, onnxruntime {list(ref.shape)}")
+        diff = np.abs(ours - ref)
+        abs_err = float(diff.max()) if diff.size else 0.0
+        rel_err = float((diff / np.maximum(np.abs(ref), 1e-12)).max()) if diff.size else 0.0
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        scaled = abs_err / scale if scale else abs_err
+        worst = max(worst, scaled)
+        table.add_row(name, f"{abs_err:.3g}", f"{rel_err:.3g}", f"{scaled:.3g}", "yes" if scaled <= 1e-3 else "NO")
+    console.print(table)
+    if worst > 1e-3:
+        err_console.print(f"outputs differ from onnxruntime (scale-relative error {worst:.3g} > 1e-3)")
+        raise typer.Exit(code=1)
+
+
+# ---- conformance -----------------------------------------------------------------------------
+@app.command()
+def conformance(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    filter: Annotated[str | None, typer.Option("--filter", "-k", help="Only cases whose name contains this.")] = None,
+    failures: Annotated[bool, typer.Option("--failures", help="List every case that did not pass.")] = False,
+) -> None:
+    """Run the ONNX backend node test cases through egraft; counts per op and pass rates.
+
+    Example: egraft conformance --failures
+    """
+    from rich.progress import Progress
+
+    from egraft.conformance import collect_cases, run_conformance, summarize
+
+    if as_json:
+        results = run_conformance(filter)
+    else:
+        total = len([c for c in collect_cases() if c.kind == "node" and (not filter or filter in c.name)])
+        with Progress(console=err_console, transient=True) as progress:
+            task = progress.add_task("conformance", total=total)
+            results = run_conformance(filter, progress=lambda name: progress.advance(task))
+    summary = summarize(results)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title="per op")
+    for col in ("op", "pass", "wrong", "unsupported", "error", "rate"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op, c in summary["per_op"].items():
+        table.add_row(op, str(c["pass"]), str(c["wrong"]), str(c["unsupported"]), str(c["error"]),
+                      f"{c['pass_rate']:.2f}")
+    console.print(table)
+    if failures:
+        for f in summary["failures"]:
+            console.print(f"{f['status']:12s} {f['name']}: {f['detail'][:300]}", markup=False)
+    totals = Table(title="ONNX backend node tests through egraft")
+    for col in ("subset", "cases", "pass", "wrong", "unsupported", "error", "pass rate"):
+        totals.add_column(col, justify="left" if col == "subset" else "right")
+    for subset in ("core", "full"):
+        c = summary[subset]
+        totals.add_row(subset, str(c["total"]), str(c["pass"]), str(c["wrong"]), str(c["unsupported"]),
+                       str(c["error"]), f"{c['pass_rate']:.3f}")
+    console.print(totals)
+
+
+def main() -> None:  # pragma: no cover - the console script
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
