@@ -76,9 +76,9 @@ class Node:
 def content_hash(array: np.ndarray) -> str:
     """The side-table key of a constant: its dtype, shape and bytes, hashed."""
     h = hashlib.blake2b(digest_size=10)
+    h.update(str(array.dtype).encode())
+    h.update(str(array.shape).encode())  # before ascontiguousarray, which makes 0-d arrays 1-d
     arr = np.ascontiguousarray(array)
-    h.update(str(arr.dtype).encode())
-    h.update(str(arr.shape).encode())
     if arr.dtype == object:
         h.update(repr(arr.tolist()).encode())
     else:

@@ -1,0 +1,57 @@
+"""Shared fixtures: small ONNX models written with onnx.helper, and onnxruntime runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``model`` in onnxruntime (CPU) and return its outputs by name."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def symbolic_batch_model() -> onnx.ModelProto:
+    """y = Softmax(Relu(Reshape(x, [batch, -1]) @ W + b)) with x: f32[batch, 2, 3] and a
+    shape computed from Shape(x): the symbolic dim flows through Shape/Gather/Concat."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(6, 4)).astype(np.float32)
+    b = rng.normal(size=(4,)).astype(np.float32)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "W"], ["mm"]),
+        helper.make_node("Add", ["mm", "B"], ["pre"]),
+        helper.make_node("Relu", ["pre"], ["act"]),
+        helper.make_node("Softmax", ["act"], ["y"], axis=-1),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(w, "W"),
+        onnx.numpy_helper.from_array(b, "B"),
+        onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+        onnx.numpy_helper.from_array(np.array([0], np.int64), "axes0"),
+        onnx.numpy_helper.from_array(np.array([-1], np.int64), "minus_one"),
+    ]
+    graph = helper.make_graph(
+        nodes, "symbolic_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def batch_model() -> onnx.ModelProto:
+    return symbolic_batch_model()

@@ -1,0 +1,117 @@
+"""The IR: dims, types, the printed form (golden text), validation errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy
+from conftest import symbolic_batch_model
+
+import egraft
+from egraft.errors import GraphError
+from egraft.ir.dims import BroadcastError, broadcast_shapes, evaluate_dim, parse_dim, sym
+from egraft.ir.dtypes import DType
+from egraft.ir.graph import Graph, Node, Value, content_hash
+from egraft.ir.types import TensorType
+
+GOLDEN = """\
+graph symbolic_mlp(%x: f32[batch, 2, 3]) {
+  %0: i64[3] = Shape(%x)
+  %1: i64[] = Gather(%0, @0) {axis=0}
+  %2: i64[1] = Unsqueeze(%1, @1)
+  %3: i64[2] = Concat(%2, @2) {axis=0}
+  %4: f32[batch, 6] = Reshape(%x, %3)
+  %5: f32[batch, 4] = MatMul(%4, @3)
+  %6: f32[batch, 4] = Add(%5, @4)
+  %7: f32[batch, 4] = Relu(%6)
+  %y: f32[batch, 4] = Softmax(%7) {axis=-1}
+  return %y
+}
+constants {
+  @0: i64[] = [0]  # zero
+  @1: i64[1] = [0]  # axes0
+  @2: i64[1] = [-1]  # minus_one
+  @3: f32[6, 4]  # W
+  @4: f32[4] = [0.90347016, 0.0940123, -0.7434993, -0.9217254]  # B
+}"""
+
+
+def test_printed_form_is_the_golden_text():
+    assert str(egraft.load(symbolic_batch_model())) == GOLDEN
+
+
+def test_printing_is_deterministic_across_loads():
+    assert str(egraft.load(symbolic_batch_model())) == str(egraft.load(symbolic_batch_model()))
+
+
+def test_known_shape_values_carry_symbols():
+    graph = egraft.load(symbolic_batch_model())
+    shape_value = graph.known_values[graph.nodes[0].outputs[0].name]
+    assert list(shape_value) == [sym("batch"), 2, 3]
+    target = graph.known_values[graph.nodes[3].outputs[0].name]
+    assert list(target) == [sym("batch"), -1]
+
+
+def test_dims_simplify_parse_and_evaluate():
+    b = sym("batch")
+    assert sym("batch") is b
+    assert parse_dim("2*batch") == 2 * b
+    assert parse_dim("7") == 7
+    assert evaluate_dim(2 * b + 1, {"batch": 3}) == 7
+    assert broadcast_shapes((b, 1, 3), (4, 1)) == (b, 4, 3)
+    with pytest.raises(BroadcastError, match="do not broadcast"):
+        broadcast_shapes((2, 3), (4, 3))
+
+
+def test_tensor_type_text_and_binding():
+    t = TensorType(DType.FLOAT16, (sym("n"), 2 * sym("n"), 5))
+    assert str(t) == "f16[n, 2*n, 5]"
+    assert t.bind({"n": 3}).shape == (3, 6, 5)
+    assert TensorType.of(np.zeros((2, 3), np.int64)) == TensorType(DType.INT64, (2, 3))
+    assert isinstance(TensorType(DType.FLOAT32, (sympy.Integer(4),)).shape[0], int)
+
+
+def test_content_hash_tells_shapes_and_dtypes_apart():
+    assert content_hash(np.array(0, np.int64)) != content_hash(np.array([0], np.int64))
+    assert content_hash(np.array([0], np.int32)) != content_hash(np.array([0], np.int64))
+    assert content_hash(np.arange(3.0)) == content_hash(np.arange(3.0))
+
+
+def _tiny_graph(nodes, inputs, outputs) -> Graph:
+    return Graph("g", inputs, outputs, nodes, opsets={"": 17})
+
+
+F3 = TensorType(DType.FLOAT32, (3,))
+
+
+def test_validation_finds_a_dangling_value():
+    x, ghost, y = Value("x", F3), Value("ghost", F3), Value("y", F3)
+    g = _tiny_graph([Node("Add", (x, ghost), (y,), name="add1")], [x], [y])
+    with pytest.raises(GraphError, match=r"Add 'add1' reads %ghost, which nothing defines \(a dangling value\)"):
+        g.validate()
+
+
+def test_validation_finds_a_cycle():
+    x, a, b = Value("x", F3), Value("a", F3), Value("b", F3)
+    g = _tiny_graph([Node("Add", (x, b), (a,), name="n1"), Node("Relu", (a,), (b,), name="n2")], [x], [b])
+    with pytest.raises(GraphError, match="cycle"):
+        g.validate()
+
+
+def test_validation_finds_a_type_mismatch():
+    x = Value("x", F3)
+    y = Value("y", TensorType(DType.FLOAT32, (4,)))
+    g = _tiny_graph([Node("Relu", (x,), (y,), name="r")], [x], [y])
+    with pytest.raises(GraphError, match=r"Relu 'r': output %y is declared f32\[4\], but the op gives f32\[3\]"):
+        g.validate()
+
+
+def test_validation_finds_a_double_definition():
+    x, y = Value("x", F3), Value("y", F3)
+    g = _tiny_graph([Node("Relu", (x,), (y,), name="r1"), Node("Relu", (x,), (y,), name="r2")], [x], [y])
+    with pytest.raises(GraphError, match="value %y is defined twice: by Relu 'r1' and by Relu 'r2'"):
+        g.validate()
+
+
+def test_imported_models_validate():
+    egraft.load(symbolic_batch_model()).validate()
