@@ -111,15 +111,23 @@ def _reshape(ctx, x, shape):
 register_op("Reshape", infer=_reshape_infer, compute=_reshape, symbolic=True, doc="x with a new shape")
 
 
+def _flatten_axis(axis: int, rank: int, ctx=None) -> int:
+    """Flatten's axis lies in [-rank, rank]; a negative one counts from the end."""
+    if not -rank <= axis <= rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}") if ctx is None else fail(
+            ctx, f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
 def _flatten_infer(ctx):
     shape = require_shape(ctx, 0)
-    axis = normalize_axis(ctx.attr("axis", 1), len(shape) + 1, ctx)
+    axis = _flatten_axis(ctx.attr("axis", 1), len(shape), ctx)
     return [TensorType(ctx.types[0].dtype, (dim_product(shape[:axis]), dim_product(shape[axis:])))]
 
 
 def _flatten(ctx, x):
-    axis = normalize_axis(ctx.attr("axis", 1), x.ndim + 1)
-    return [np.reshape(x, (int(np.prod(x.shape[:axis])), -1)) if x.size else np.reshape(x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))))]
+    axis = _flatten_axis(ctx.attr("axis", 1), x.ndim)
+    return [np.reshape(x, (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))))]
 
 
 register_op("Flatten", infer=_flatten_infer, compute=_flatten, symbolic=True, doc="x as a matrix split at 'axis'")
@@ -143,7 +151,7 @@ def _squeeze_infer(ctx):
     shape = require_shape(ctx, 0)
     axes = _axes_arg(ctx, ctx.value(1)) if ctx.opset >= 13 else _axes_arg(ctx, None)
     if ctx.opset >= 13 and ctx.has_input(1) and ctx.value(1) is None:
-        raise fail(ctx, "the axes input is not a constant")
+        return [TensorType(ctx.types[0].dtype, None)]  # which axes go is known only at run time
     norm = _squeeze_axes(shape, axes, ctx)
     for a in norm:
         if isinstance(shape[a], int) and shape[a] != 1:
@@ -172,6 +180,12 @@ def _unsqueeze_infer(ctx):
     shape = require_shape(ctx, 0)
     axes = _axes_arg(ctx, ctx.value(1)) if ctx.opset >= 13 else _axes_arg(ctx, None)
     if axes is None:
+        if ctx.has_input(1) and ctx.types[1].shape is not None and isinstance(ctx.types[1].shape[0], int):
+            # The new axes are known only at run time; the rank is known.
+            rank = len(shape) + ctx.types[1].shape[0]
+            return [TensorType(ctx.types[0].dtype, tuple(ctx.fresh_dim() for _ in range(rank)))]
+        if ctx.has_input(1) and ctx.types[1].shape == ():
+            return [TensorType(ctx.types[0].dtype, tuple(ctx.fresh_dim() for _ in range(len(shape) + 1)))]
         raise fail(ctx, "the axes are not known at compile time")
     return [TensorType(ctx.types[0].dtype, tuple(_unsqueeze_shape(shape, axes, ctx)))]
 
