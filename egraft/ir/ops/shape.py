@@ -264,18 +264,28 @@ def _slice_args(ctx, values):
 
 
 def _slice_dim(d, start, end, step):
-    """The length of d[start:end:step] when start/end/step are ints and d may be symbolic."""
-    if isinstance(d, int):
-        return len(range(*slice(int(start), int(end), int(step)).indices(d)))
+    """The length of ``d[start:end:step]``; any of them may be symbolic.
+
+    Static operands clamp exactly as ONNX says. A symbolic end (``x[:seq]`` with ``seq``
+    taken from another tensor's shape) is assumed in bounds; the executor checks the
+    actual length at run time, so a wrong assumption fails loudly.
+    """
+    if all(isinstance(v, int) for v in (d, start, end, step)):
+        return len(range(*slice(start, end, step).indices(d)))
+    if not isinstance(step, int) or step <= 0:
+        raise ValueError("negative or symbolic steps over symbolic operands")
     big = 2**62
-    if step > 0:
-        s = start + d if start < 0 else start
-        e = d if end >= big // 2 else (end + d if end < 0 else end)
-        if isinstance(s, int) and isinstance(e, sympy.Basic):
-            e = sympy.Min(e, d) if end >= 0 and end < big // 2 else e
-        length = sympy.sympify(e) - s
-        return simplify_dim(sympy.ceiling(length / step)) if step != 1 else simplify_dim(length)
-    raise ValueError("negative steps over symbolic dims")
+    begin = start + d if isinstance(start, int) and start < 0 else start
+    if isinstance(end, int) and end >= big // 2:
+        stop = d
+    elif isinstance(end, int) and end < 0:
+        stop = end + d
+    elif isinstance(end, int):
+        stop = sympy.Min(end, d)  # an int end on a symbolic dim clamps
+    else:
+        stop = end
+    length = sympy.sympify(stop) - begin
+    return simplify_dim(length if step == 1 else sympy.ceiling(length / step))
 
 
 def _slice_infer(ctx):
@@ -302,9 +312,6 @@ def _slice_infer(ctx):
                                               None if steps is None else np.asarray(steps).ravel().tolist())
     out = list(shape)
     for s, e, a, st in zip(starts, ends, axes, steps):
-        if not (isinstance(s, int) and isinstance(e, int)):
-            out[a] = ctx.fresh_dim()
-            continue
         try:
             out[a] = _slice_dim(shape[a], s, e, st)
         except (ValueError, TypeError):
