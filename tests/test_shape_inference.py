@@ -32,6 +32,8 @@ CASES = _cases_by_op()
 NATIVE = sorted(op.name for op in all_ops() if op.infer is not None and op.domain == "")
 #: Registered ops that no one-op core conformance case exercises; their own tests cover them.
 NO_CASE = {"Upsample", "Scatter", "Attention"}
+#: Ops whose output sizes depend on the data: onnx infers no static shape to compare with.
+DATA_DEPENDENT = {"NonZero", "Compress", "Unique", "NonMaxSuppression"}
 
 
 def _onnx_static_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...] | None]]:
@@ -91,4 +93,6 @@ def test_inferred_types_match_onnx_shape_inference(op):
             assert value.type.dtype.value == elem_type, f"{case_name}: %{name} dtype {value.type}"
             assert value.type.shape == shape, f"{case_name}: %{name} is {value.type}, onnx says {list(shape)}"
             compared += 1
+    if compared == 0 and op in DATA_DEPENDENT:
+        pytest.skip(f"onnx infers no static output shape for the data-dependent op {op}")
     assert compared > 0, f"no output of {op} could be compared"
