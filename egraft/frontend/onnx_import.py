@@ -155,9 +155,22 @@ class _Importer:
                 dims.append(self.fresh())
         return TensorType(dtype, tuple(dims))
 
+    def input_type(self, type_proto: onnx.TypeProto, what: str, hint: TensorType | None) -> TensorType:
+        """The type of a graph input; a body input without a type or shape takes ``hint``."""
+        if hint is not None:
+            if type_proto.WhichOneof("value") is None:
+                return hint
+            declared = self.tensor_type(type_proto, what)
+            if declared.shape is None and declared.dtype == hint.dtype:
+                return hint
+            return declared
+        return self.tensor_type(type_proto, what)
+
     # ---- graphs ------------------------------------------------------------
     def import_graph(self, gp: onnx.GraphProto, outer: Mapping[str, Value],
-                     constants: dict | None = None) -> Graph:
+                     constants: dict | None = None, input_hints: list | None = None) -> Graph:
+        """Import ``gp``; ``input_hints`` types the inputs of a body that leaves them
+        untyped or without a shape (from the If/Loop/Scan node's own inputs)."""
         graph = Graph(name=gp.name or "main", inputs=[], outputs=[], nodes=[], opsets=dict(self.opsets))
         if constants is not None:
             graph.constants = constants  # a body shares its parent's side table
@@ -174,10 +187,11 @@ class _Importer:
             init_names.add(t.name)
         for t in gp.sparse_initializer:
             raise UnsupportedOpError(f"sparse initializer {t.values.name!r} is not supported")
-        for vi in gp.input:
+        for k, vi in enumerate(gp.input):
             if vi.name in init_names:
                 continue  # IR-3 style: initializers listed as inputs are constants
-            v = Value(vi.name, self.tensor_type(vi.type, f"graph input {vi.name!r}"))
+            hint = input_hints[k] if input_hints is not None and k < len(input_hints) else None
+            v = Value(vi.name, self.input_type(vi.type, f"graph input {vi.name!r}", hint))
             graph.inputs.append(v)
             scope[vi.name] = v
         nodes = self._sorted_nodes(gp, set(scope))
@@ -213,10 +227,12 @@ class _Importer:
                 raise ModelError(f"{label} reads {name!r}, which no node, input or initializer defines")
             inputs.append(scope[name])
         attrs = {}
+        hints = self._body_input_hints(graph, np_node, domain, inputs)
         for a in np_node.attribute:
             if a.ref_attr_name:
                 raise UnsupportedOpError(f"{label}: attribute references (function bodies) are not supported")
-            attrs[a.name] = attr_from_onnx(a, lambda g: self.import_graph(g, scope, graph.constants))
+            attrs[a.name] = attr_from_onnx(
+                a, lambda g, name=a.name: self.import_graph(g, scope, graph.constants, hints.get(name)))
         placeholder = TensorType(DType.FLOAT32, None)
         outputs = tuple(Value(o, placeholder) if o else None for o in np_node.output)
         node = Node(np_node.op_type, tuple(inputs), outputs, attrs, np_node.name, domain)
@@ -228,6 +244,16 @@ class _Importer:
         for v in outputs:
             if v is not None:
                 scope[v.name] = v
+
+    def _body_input_hints(self, graph: Graph, np_node: onnx.NodeProto, domain: str, inputs: list) -> dict:
+        """Attribute name -> types for the inputs of a control-flow body (see ``body_input_types``)."""
+        if domain or np_node.op_type not in ("Loop", "Scan"):
+            return {}
+        from egraft.ir.ops.control import body_input_types
+
+        plain = {a.name: attr_from_onnx(a) for a in np_node.attribute if a.type != onnx.AttributeProto.GRAPH}
+        types = [v.type if v is not None else None for v in inputs]
+        return body_input_types(np_node.op_type, plain, types, graph.opsets.get("", 1), self.fresh)
 
     def _check_attrs(self, graph: Graph, node: Node) -> None:
         op = get_op(node.op, node.domain)

@@ -76,7 +76,7 @@ def infer_node(graph: Graph, node: Node, fresh: Callable[[], sympy.Symbol]) -> l
     ctx = InferContext(node, op, opset, types, values, fresh, graph)
     try:
         out = (op.infer or onnx_infer)(ctx)
-    except ShapeInferenceError:
+    except (ShapeInferenceError, UnsupportedOpError):
         raise
     except Exception as e:  # a bug or an unexpected input: name the node
         raise ShapeInferenceError(f"{node.label}: shape inference failed: {type(e).__name__}: {e}") from e

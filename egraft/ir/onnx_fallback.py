@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from egraft.errors import ShapeInferenceError
+from egraft.errors import ShapeInferenceError, UnsupportedOpError
 from egraft.ir.dims import fmt_dim
 from egraft.ir.dtypes import DType
 from egraft.ir.onnx_bridge import single_node_model
@@ -54,6 +54,9 @@ def onnx_infer(ctx: InferContext) -> list[TensorType]:
             result.append(None)
             continue
         vi = found.get(out)
+        kind = vi.type.WhichOneof("value") if vi is not None else None
+        if kind in ("sequence_type", "optional_type", "map_type", "sparse_tensor_type"):
+            raise UnsupportedOpError(f"{node.label}: output {out[3:]} is a {kind}; egraft supports tensor values only")
         if vi is None or not vi.type.HasField("tensor_type") or vi.type.tensor_type.elem_type == 0:
             raise ShapeInferenceError(f"{node.label}: cannot infer the type of output {out[3:]}")
         tt = vi.type.tensor_type
