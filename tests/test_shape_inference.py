@@ -34,6 +34,9 @@ NATIVE = sorted(op.name for op in all_ops() if op.infer is not None and op.domai
 NO_CASE = {"Upsample", "Scatter", "Attention"}
 #: Ops whose output sizes depend on the data: onnx infers no static shape to compare with.
 DATA_DEPENDENT = {"NonZero", "Compress", "Unique", "NonMaxSuppression"}
+#: Ops whose one-op cases onnx's own inference fails on (GroupNormalization-18 is deprecated,
+#: MeanVarianceNormalization's default-axes function body trips it); tests/test_ops_nn_dense.py covers them.
+ONNX_CANNOT_INFER = {"GroupNormalization", "MeanVarianceNormalization"}
 
 
 def _onnx_static_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...] | None]]:
@@ -95,4 +98,6 @@ def test_inferred_types_match_onnx_shape_inference(op):
             compared += 1
     if compared == 0 and op in DATA_DEPENDENT:
         pytest.skip(f"onnx infers no static output shape for the data-dependent op {op}")
+    if compared == 0 and op in ONNX_CANNOT_INFER:
+        pytest.skip(f"onnx's shape inference fails on the one-op cases of {op}")
     assert compared > 0, f"no output of {op} could be compared"
