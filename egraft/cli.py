@@ -144,7 +144,8 @@ def _show_ops(as_json: bool) -> None:
         print(json.dumps(rows, indent=2))
         return
     native = sum(r["execution"] == "numpy" for r in rows)
-    table = Table(title=f"{len(rows)} ops: {native} run on egraft's numpy kernels, the rest fall back to onnx.reference")
+    table = Table(title=f"{len(rows)} ops: {native} run on egraft's numpy kernels, "
+                        "the rest fall back to onnx.reference")
     for col in ("op", "inference", "execution", "doc"):
         table.add_column(col)
     for r in rows:
@@ -188,9 +189,11 @@ def _read_inputs(graph, items: list[str] | None, bindings: dict[str, int]) -> di
 def run(
     model: Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")],
     input: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeat per input).")] = None,
-    shape: Annotated[list[str] | None, typer.Option("--shape", help="Bind a symbolic dim for generated inputs: NAME=INT.")] = None,
+    shape: Annotated[list[str] | None,
+                     typer.Option("--shape", help="Bind a symbolic dim for generated inputs: NAME=INT.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Compare every output with onnxruntime.")] = False,
-    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="Save each output as NAME.npy here.")] = None,
+    output_dir: Annotated[Path | None,
+                          typer.Option("--output-dir", "-o", help="Save each output as NAME.npy here.")] = None,
 ) -> None:
     """Run a model with the reference executor; inputs not given are generated (arange(n)/n).
 

@@ -97,6 +97,8 @@ def run_case(case) -> CaseResult:
     try:
         graph = egraft.load(model)
         for inputs, expected in case.data_sets:
+            # A few cases store their data as TensorProtos (e.g. float16 casts).
+            inputs = [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in inputs]
             feeds = {v.name: x for v, x in zip(graph.inputs, inputs)}
             if len(inputs) != len(graph.inputs):
                 # Cases may omit optional inputs; feed by declared position in the model.

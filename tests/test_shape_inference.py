@@ -33,7 +33,7 @@ NATIVE = sorted(op.name for op in all_ops() if op.infer is not None and op.domai
 #: Registered ops that no one-op core conformance case exercises; their own tests cover them.
 NO_CASE = {"Upsample", "Scatter", "Attention"}
 #: Ops whose output sizes depend on the data: onnx infers no static shape to compare with.
-DATA_DEPENDENT = {"NonZero", "Compress", "Unique", "NonMaxSuppression"}
+DATA_DEPENDENT = {"NonZero", "Compress", "Unique", "NonMaxSuppression", "Loop"}
 #: Ops whose one-op cases onnx's own inference fails on (GroupNormalization-18 is deprecated,
 #: MeanVarianceNormalization's default-axes function body trips it); tests/test_ops_nn_dense.py covers them.
 ONNX_CANNOT_INFER = {"GroupNormalization", "MeanVarianceNormalization"}

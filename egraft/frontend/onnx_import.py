@@ -143,6 +143,9 @@ class _Importer:
             dtype = DType.from_onnx(tt.elem_type, f" ({what})")
         except UnsupportedDType as e:
             raise UnsupportedOpError(str(e)) from None
+        if dtype is DType.STRING:
+            raise UnsupportedOpError(f"{what} holds strings, which are not supported: "
+                                     "egraft computes on numeric and bool tensors only")
         if not tt.HasField("shape"):
             return TensorType(dtype, None)
         dims = []
@@ -288,7 +291,8 @@ def _constant_value(node: onnx.NodeProto, label: str) -> np.ndarray:
     elif a.name == "value_ints":
         arr = np.array(value, dtype=np.int64)
     else:
-        raise UnsupportedOpError(f"{label}: constant attribute {a.name!r} is not supported (strings are not tensors egraft computes on)")
+        raise UnsupportedOpError(f"{label}: constant attribute {a.name!r} is not supported "
+                                 "(strings are not tensors egraft computes on)")
     if arr.dtype.kind in "OSU":
         raise UnsupportedOpError(f"{label}: string constants are not supported")
     return arr

@@ -15,11 +15,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Union
 
 import sympy
 
-Dim = Union[int, sympy.Expr]
+Dim = int | sympy.Expr
 Shape = tuple[Dim, ...]
 
 _SYMBOLS: dict[str, sympy.Symbol] = {}

@@ -10,6 +10,7 @@ import numpy as np
 import sympy
 
 from egraft.errors import ShapeInferenceError, UnsupportedOpError
+from egraft.ir.dtypes import UnsupportedDType
 from egraft.ir.graph import Graph, Node
 from egraft.ir.registry import InferContext, OpDef, RunContext, get_op
 from egraft.ir.types import TensorType
@@ -78,6 +79,8 @@ def infer_node(graph: Graph, node: Node, fresh: Callable[[], sympy.Symbol]) -> l
         out = (op.infer or onnx_infer)(ctx)
     except (ShapeInferenceError, UnsupportedOpError):
         raise
+    except UnsupportedDType as e:
+        raise UnsupportedOpError(f"{node.label}: {e}") from None
     except Exception as e:  # a bug or an unexpected input: name the node
         raise ShapeInferenceError(f"{node.label}: shape inference failed: {type(e).__name__}: {e}") from e
     out = list(out) + [None] * (len(node.outputs) - len(out))

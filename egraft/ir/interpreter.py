@@ -34,7 +34,8 @@ class Bindings(dict):
         if declared.shape is None:
             return None
         if len(declared.shape) != array.ndim:
-            return f"{what} has rank {array.ndim} (shape {list(array.shape)}), expected rank {len(declared.shape)} ({fmt_shape(declared.shape)})"
+            return (f"{what} has rank {array.ndim} (shape {list(array.shape)}), "
+                    f"expected rank {len(declared.shape)} ({fmt_shape(declared.shape)})")
         pending = []
         for axis, (d, n) in enumerate(zip(declared.shape, array.shape)):
             if isinstance(d, int):
@@ -60,7 +61,8 @@ class Bindings(dict):
                 continue
             want = d.xreplace(subs)
             if want.is_number and int(want) != n:
-                return f"{what} has shape {list(array.shape)}, expected {fmt_shape(declared.shape)} = {want} on axis {axis}"
+                return (f"{what} has shape {list(array.shape)}, "
+                        f"expected {fmt_shape(declared.shape)} = {want} on axis {axis}")
         return None
 
 

@@ -22,9 +22,19 @@ def _input_names(n: int) -> list[str]:
     return [f"in{i}" for i in range(n)]
 
 
+def _refuse_subgraphs(node) -> None:
+    from egraft.ir.graph import Graph
+
+    for name, value in node.attrs.items():
+        if isinstance(value, Graph) or (isinstance(value, list) and value and isinstance(value[0], Graph)):
+            raise UnsupportedOpError(f"{node.label}: attribute {name!r} is a subgraph, which is not supported "
+                                     "here: egraft runs subgraphs only for If, Loop and Scan")
+
+
 def onnx_infer(ctx: InferContext) -> list[TensorType]:
     """Infer output types with onnx's own shape inference (data propagation on)."""
     node = ctx.node
+    _refuse_subgraphs(node)
     names = _input_names(len(ctx.types))
     inputs = [(n if t is not None else "", t) for n, t in zip(names, ctx.types)]
     inits = {}
@@ -84,6 +94,7 @@ def onnx_compute(ctx: RunContext, *inputs: np.ndarray | None) -> list[np.ndarray
     from onnx.reference import ReferenceEvaluator
 
     node = ctx.node
+    _refuse_subgraphs(node)
     cached = _EVALUATORS.get(id(node))
     if cached is None or cached[0] is not node:
         names = _input_names(len(inputs))
@@ -91,14 +102,22 @@ def onnx_compute(ctx: RunContext, *inputs: np.ndarray | None) -> list[np.ndarray
         model_inputs = [(n if t is not None else "", t) for n, t in zip(names, types)]
         outputs = [f"out{i}" if v is not None else "" for i, v in enumerate(node.outputs)]
         model = single_node_model(node.op, node.domain, ctx.opset, model_inputs, outputs, node.attrs)
-        evaluator = ReferenceEvaluator(model)
+        try:
+            evaluator = ReferenceEvaluator(model)
+        except ImportError as e:
+            raise UnsupportedOpError(f"{node.label} is not supported here: onnx.reference needs "
+                                     f"a missing package: {e}") from None
         cached = (node, evaluator)
         if len(_EVALUATORS) > 4096:
             _EVALUATORS.clear()
         _EVALUATORS[id(node)] = cached
     evaluator = cached[1]
     feeds = {f"in{i}": x for i, x in enumerate(inputs) if x is not None}
-    results = evaluator.run(None, feeds)
+    try:
+        results = evaluator.run(None, feeds)
+    except ImportError as e:
+        raise UnsupportedOpError(f"{node.label} is not supported here: onnx.reference needs "
+                                     f"a missing package: {e}") from None
     out = []
     it = iter(results)
     for v in node.outputs:

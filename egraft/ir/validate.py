@@ -43,7 +43,8 @@ def validate_graph(graph: Graph, outer: set[str] | None = None, check_types: boo
     for node in graph.nodes:
         for v in node.inputs:
             if v is not None and v.const is None and v.name not in seen:
-                raise GraphError(f"{node.label} reads %{v.name} before it is computed: nodes are not in topological order")
+                raise GraphError(f"{node.label} reads %{v.name} before it is computed: "
+                                 "nodes are not in topological order")
         seen.update(v.name for v in node.outputs if v is not None)
     for v in graph.outputs:
         if v.const is None and v.name not in seen:

@@ -15,10 +15,13 @@ from egraft.ir.types import TensorType
 
 
 def _keep(fn):
-    """Wrap a float function of one array so its result keeps the input's dtype."""
+    """Wrap a float function of one array so its result keeps the input's dtype; half
+    precision inputs are computed in float32 and rounded once at the end."""
 
     def compute(ctx, x):
-        return [np.asarray(fn(ctx, x)).astype(x.dtype, copy=False)]
+        half = (x.dtype.kind == "f" and x.dtype.itemsize < 4) or x.dtype.name == "bfloat16"
+        wide = x.astype(np.float32) if half else x
+        return [np.asarray(fn(ctx, wide)).astype(x.dtype, copy=False)]
 
     return compute
 
@@ -68,15 +71,48 @@ def _with_attrs(name: str, fn, doc: str) -> None:
     register_op(name, infer=same_as(0), compute=_keep(fn), doc=doc)
 
 
-_with_attrs("Elu", lambda c, x: np.where(x > 0, x, c.attr("alpha", 1.0) * (np.exp(x) - 1)), "x if x > 0 else alpha*(e^x - 1)")
-_with_attrs("Celu", lambda c, x: np.maximum(x, 0) + np.minimum(0, c.attr("alpha", 1.0) * (np.exp(x / c.attr("alpha", 1.0)) - 1)), "max(0,x) + min(0, alpha*(e^(x/alpha) - 1))")
-_with_attrs("Selu", lambda c, x: c.attr("gamma") * np.where(x > 0, x, c.attr("alpha") * (np.exp(x) - 1)), "gamma * elu(x, alpha)")
-_with_attrs("LeakyRelu", lambda c, x: np.where(x >= 0, x, c.attr("alpha", 0.01) * x), "x if x >= 0 else alpha*x")
-_with_attrs("ThresholdedRelu", lambda c, x: np.where(x > c.attr("alpha", 1.0), x, 0), "x if x > alpha else 0")
-_with_attrs("HardSigmoid", lambda c, x: np.clip(c.attr("alpha", 0.2) * x + c.attr("beta", 0.5), 0, 1), "clip(alpha*x + beta, 0, 1)")
-_with_attrs("Shrink", lambda c, x: np.where(x < -c.attr("lambd", 0.5), x + c.attr("bias", 0.0),
-                                            np.where(x > c.attr("lambd", 0.5), x - c.attr("bias", 0.0), 0)), "soft/hard shrinkage")
-_with_attrs("Swish", lambda c, x: x / (1 + np.exp(-c.attr("alpha", 1.0) * x)), "x * sigmoid(alpha*x)")
+def _elu(c, x):
+    return np.where(x > 0, x, c.attr("alpha", 1.0) * (np.exp(x) - 1))
+
+
+def _celu(c, x):
+    alpha = c.attr("alpha", 1.0)
+    return np.maximum(x, 0) + np.minimum(0, alpha * (np.exp(x / alpha) - 1))
+
+
+def _selu(c, x):
+    return c.attr("gamma") * np.where(x > 0, x, c.attr("alpha") * (np.exp(x) - 1))
+
+
+def _leaky_relu(c, x):
+    return np.where(x >= 0, x, c.attr("alpha", 0.01) * x)
+
+
+def _thresholded_relu(c, x):
+    return np.where(x > c.attr("alpha", 1.0), x, 0)
+
+
+def _hard_sigmoid(c, x):
+    return np.clip(c.attr("alpha", 0.2) * x + c.attr("beta", 0.5), 0, 1)
+
+
+def _shrink(c, x):
+    lambd, bias = c.attr("lambd", 0.5), c.attr("bias", 0.0)
+    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+
+
+def _swish(c, x):
+    return x / (1 + np.exp(-c.attr("alpha", 1.0) * x))
+
+
+_with_attrs("Elu", _elu, "x if x > 0 else alpha*(e^x - 1)")
+_with_attrs("Celu", _celu, "max(0, x) + min(0, alpha*(e^(x/alpha) - 1))")
+_with_attrs("Selu", _selu, "gamma * elu(x, alpha)")
+_with_attrs("LeakyRelu", _leaky_relu, "x if x >= 0 else alpha*x")
+_with_attrs("ThresholdedRelu", _thresholded_relu, "x if x > alpha else 0")
+_with_attrs("HardSigmoid", _hard_sigmoid, "clip(alpha*x + beta, 0, 1)")
+_with_attrs("Shrink", _shrink, "x + bias below -lambd, x - bias above lambd, else 0")
+_with_attrs("Swish", _swish, "x * sigmoid(alpha*x)")
 
 
 def _gelu(ctx, x):
@@ -258,7 +294,7 @@ def _cast(ctx, x):
 
 
 def _cast_infer(ctx):
-    return [TensorType(DType(ctx.attr("to")), ctx.types[0].shape)]
+    return [TensorType(DType.from_onnx(ctx.attr("to"), f" (the target of {ctx.node.label})"), ctx.types[0].shape)]
 
 
 register_op("Cast", infer=_cast_infer, compute=_cast, symbolic=True, doc="x converted to the type 'to'")

@@ -93,7 +93,8 @@ def _reshape_infer(ctx):
             return [TensorType(x.dtype, None)]
         return [TensorType(x.dtype, tuple(ctx.fresh_dim() for _ in range(rank_shape[0])))]
     if x.shape is None:
-        return [TensorType(x.dtype, tuple(d if not (isinstance(d, int) and d in (0, -1)) else ctx.fresh_dim() for d in target))]
+        dims = tuple(ctx.fresh_dim() if isinstance(d, int) and d in (0, -1) else d for d in target)
+        return [TensorType(x.dtype, dims)]
     dims = _reshape_dims(ctx, x.shape, target, ctx.attr("allowzero", 0))
     if all(isinstance(d, int) for d in dims) and all(isinstance(d, int) for d in x.shape):
         if dim_product(dims) != dim_product(x.shape):
@@ -152,6 +153,8 @@ def _squeeze_infer(ctx):
     axes = _axes_arg(ctx, ctx.value(1)) if ctx.opset >= 13 else _axes_arg(ctx, None)
     if ctx.opset >= 13 and ctx.has_input(1) and ctx.value(1) is None:
         return [TensorType(ctx.types[0].dtype, None)]  # which axes go is known only at run time
+    if axes is None and not all(isinstance(d, int) for d in shape):
+        return [TensorType(ctx.types[0].dtype, None)]  # which symbolic dims are 1 is known at run time
     norm = _squeeze_axes(shape, axes, ctx)
     for a in norm:
         if isinstance(shape[a], int) and shape[a] != 1:
@@ -294,12 +297,15 @@ def _slice_infer(ctx):
     if ctx.opset >= 10 and (vals[0] is None or vals[1] is None or any(
             ctx.has_input(i + 1) and vals[i] is None for i in range(2, len(vals)))):
         n = ctx.types[1].shape[0] if ctx.types[1].shape else None
-        axes = ctx.value(3) if ctx.num_inputs > 3 else None
         out = list(shape)
-        if axes is not None:
-            for a in np.asarray(axes).ravel():
-                out[normalize_axis(int(a), len(shape))] = ctx.fresh_dim()
-        elif isinstance(n, int):
+        if ctx.has_input(3):  # explicit axes
+            axes = ctx.value(3)
+            if axes is None:  # any axis may be cut
+                out = [ctx.fresh_dim() for _ in shape]
+            else:
+                for a in np.asarray(axes).ravel():
+                    out[normalize_axis(int(a), len(shape))] = ctx.fresh_dim()
+        elif isinstance(n, int):  # the first n axes
             for a in range(n):
                 out[a] = ctx.fresh_dim()
         else:
@@ -349,7 +355,9 @@ def _split_sizes(ctx, dim, split, n_out):
 
 def _split_arg(ctx, values):
     if ctx.opset >= 13:
-        return None if values is None else [int(x) if not isinstance(x, sympy.Basic) else x for x in np.asarray(values).ravel()]
+        if values is None:
+            return None
+        return [x if isinstance(x, sympy.Basic) else int(x) for x in np.asarray(values).ravel()]
     s = ctx.attr("split", None)
     return None if s is None else list(s)
 
@@ -418,6 +426,8 @@ def _perm(ctx, rank):
 
 
 def _transpose_infer(ctx):
+    if ctx.types[0].shape is None and ctx.attr("perm", None) is not None:
+        return [TensorType(ctx.types[0].dtype, tuple(ctx.fresh_dim() for _ in ctx.attr("perm")))]
     shape = require_shape(ctx, 0)
     perm = _perm(ctx, len(shape))
     if sorted(perm) != list(range(len(shape))):
