@@ -194,17 +194,32 @@ def run(
     check: Annotated[bool, typer.Option("--check", help="Compare every output with onnxruntime.")] = False,
     output_dir: Annotated[Path | None,
                           typer.Option("--output-dir", "-o", help="Save each output as NAME.npy here.")] = None,
+    reweight: Annotated[int | None, typer.Option(
+        "--reweight", metavar="SEED",
+        help="Replace ConstantOfShape weight fills with seeded random weights first and also return the logits "
+             "before a final Softmax (the bundled models' weights are constant fills: uniform outputs prove "
+             "little).")] = None,
 ) -> None:
     """Run a model with the reference executor; inputs not given are generated (arange(n)/n).
 
-    Example: egraft run resnet50 --check
+    Example: egraft run resnet50 --reweight 0 --check
     """
     try:
         bindings = parse_bindings(shape)
         path = resolve_model(model)
         import egraft
+        from egraft.frontend.onnx_import import read_model
 
-        graph = egraft.load(path)
+        proto = read_model(path)
+        if reweight is not None:
+            from egraft.testing.models import reweight as reweight_model
+            from egraft.testing.models import softmax_logits, with_outputs
+
+            logits = softmax_logits(proto)
+            proto = with_outputs(reweight_model(proto, seed=reweight), logits)
+            console.print(f"weights: ConstantOfShape fills replaced by random values (seed {reweight}); "
+                          f"the logits before the final Softmax are outputs too: {logits}", markup=False)
+        graph = egraft.load(proto)
         feeds = _read_inputs(graph, input, bindings)
         outputs = graph.run(feeds)
     except EgraftError as e:
@@ -224,17 +239,17 @@ def run(
             np.save(target, value)
         console.print(f"saved {len(outputs)} outputs to {output_dir}", markup=False)
     if check:
-        _check_with_onnxruntime(path, feeds, outputs)
+        _check_with_onnxruntime(proto, feeds, outputs)
 
 
-def _check_with_onnxruntime(path: Path, feeds: dict, outputs: dict) -> None:
+def _check_with_onnxruntime(model, feeds: dict, outputs: dict) -> None:
     try:
         import onnxruntime as ort
     except ImportError:
         raise _fail("--check needs onnxruntime: pip install 'egraft[dev]'") from None
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     reference = dict(zip(names, session.run(names, feeds)))
     table = Table(title="egraft vs onnxruntime")

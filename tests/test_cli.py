@@ -77,6 +77,19 @@ def test_run_check_on_a_reweighted_light_model(tmp_path):
     assert "yes" in result.output and "NO" not in result.output
 
 
+def test_run_reweight_on_a_bundled_model_by_name(tmp_path):
+    result = runner.invoke(app, ["run", "squeezenet", "--reweight", "1", "--check", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "replaced by random values (seed 1)" in result.output
+    saved = np.load(next(tmp_path.glob("*.npy")))
+    reference = run_onnxruntime(reweight(onnx.load(light_model_path("squeezenet")), seed=1),
+                                {"data_0": (np.arange(3 * 224 * 224) / (3 * 224 * 224)).astype(np.float32)
+                                 .reshape(1, 3, 224, 224)})
+    expected = next(iter(reference.values()))
+    assert np.std(expected) > 0
+    np.testing.assert_allclose(saved, expected, rtol=1e-3, atol=1e-5)
+
+
 def test_bad_inputs_exit_2_with_one_line(tmp_path):
     path = _save(symbolic_batch_model(), tmp_path / "mlp.onnx")
     np.save(tmp_path / "wrong.npy", np.zeros((2, 6), np.float32))

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 import sympy
 
@@ -39,10 +40,21 @@ def simplify_dim(d) -> Dim:
         return d
     if hasattr(d, "item") and not isinstance(d, sympy.Basic):  # numpy scalar
         return int(d)
-    e = sympy.simplify(d) if not isinstance(d, sympy.Symbol) else d
+    if isinstance(d, sympy.Symbol):
+        return d
+    e = _canonical(d)
     if e.is_Integer:
         return int(e)
     return e
+
+
+@lru_cache(maxsize=65536)
+def _canonical(expr: sympy.Expr) -> sympy.Expr:
+    """``sympy.simplify``, memoized: the same dims recur on every layer of a network, and
+    simplify is the slowest step of importing a model with symbolic spatial dims."""
+    if not expr.has(sympy.floor, sympy.ceiling, sympy.Min, sympy.Max, sympy.Mod):
+        return sympy.cancel(expr) if expr.is_rational_function() else expr
+    return sympy.simplify(expr)
 
 
 def is_static(d: Dim) -> bool:
