@@ -27,6 +27,21 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], exact:
     return dict(zip(names, session.run(names, feeds)))
 
 
+def check_against_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 0.0,
+                              atol: float = 0.0) -> dict[str, np.ndarray]:
+    """Run ``model`` with egraft and with onnxruntime: dtypes, shapes and values must agree.
+    Returns egraft's outputs."""
+    import egraft
+
+    got = egraft.load(model).run(feeds)
+    for name, want in run_onnxruntime(model, feeds).items():
+        assert got[name].dtype == want.dtype, name
+        assert got[name].shape == want.shape, name
+        np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol,
+                                   err_msg=name)
+    return got
+
+
 def symbolic_batch_model() -> onnx.ModelProto:
     """y = Softmax(Relu(Reshape(x, [batch, -1]) @ W + b)) with x: f32[batch, 2, 3] and a
     shape computed from Shape(x): the symbolic dim flows through Shape/Gather/Concat."""

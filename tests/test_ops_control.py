@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
+from conftest import check_against_onnxruntime
 from onnx import TensorProto, helper
 
 import egraft
@@ -29,14 +29,7 @@ def _model(nodes, inputs, outputs, opset: int, initializers=None) -> onnx.ModelP
 
 def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run with egraft and onnxruntime; the outputs must agree."""
-    got = egraft.load(model).run(feeds)
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in model.graph.output]
-    for name, want in zip(names, sess.run(names, feeds)):
-        assert got[name].dtype == want.dtype, name
-        assert got[name].shape == want.shape, name
-        np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6, err_msg=name)
-    return got
+    return check_against_onnxruntime(model, feeds, rtol=1e-6, atol=1e-6)
 
 
 # ---- If ----------------------------------------------------------------------------------------

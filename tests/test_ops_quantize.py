@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime
 import pytest
+from conftest import check_against_onnxruntime
 from onnx import TensorProto, helper
 
 import egraft
@@ -29,15 +29,7 @@ def _model(op: str, feeds: dict[str, np.ndarray], node_inputs: list[str], output
 
 def _check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tol: float = 0.0) -> dict[str, np.ndarray]:
     """Run the model with egraft and onnxruntime; the outputs must agree (exactly by default)."""
-    got = egraft.load(model).run(feeds)
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in model.graph.output]
-    for name, want in zip(names, sess.run(names, feeds)):
-        assert got[name].dtype == want.dtype, name
-        assert got[name].shape == want.shape, name
-        np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol,
-                                   err_msg=name)
-    return got
+    return check_against_onnxruntime(model, feeds, rtol=tol, atol=tol)
 
 
 def _elem(dtype) -> int:

@@ -91,13 +91,12 @@ def infer_node(graph: Graph, node: Node, fresh: Callable[[], sympy.Symbol]) -> l
 
 def _record_known_values(graph: Graph, node: Node, op: OpDef, opset: int,
                          values: Sequence[np.ndarray | None], types) -> None:
+    """Evaluate a shape-arithmetic node at compile time when its inputs are known.
+
+    ``Shape`` and ``Size`` need only their input's type; other ``symbolic`` ops need the
+    value of every input they are given. Only small, statically shaped results are kept.
+    """
     if not op.symbolic or op.compute is None:
-        return
-    if node.op == "Shape" or node.op == "Size":
-        present = [v for v in values[:1]]
-    else:
-        present = [values[i] for i, v in enumerate(node.inputs) if v is not None]
-    if node.op not in ("Shape", "Size") and any(v is None for v in present):
         return
     if any(t is not None and (t.shape is None or not t.is_static) for t in types):
         return
@@ -107,13 +106,14 @@ def _record_known_values(graph: Graph, node: Node, op: OpDef, opset: int,
         x_type = node.inputs[0].type
         if x_type.shape is None:
             return
-        arg = np.empty(x_type.shape, dtype=object) if False else _ShapeOnly(x_type.shape)
-        args = [arg]
+        args = [_ShapeOnly(x_type.shape)]
     else:
-        args = [values[i] if v is not None else None for i, v in enumerate(node.inputs)]
+        if any(v is not None and values[i] is None for i, v in enumerate(node.inputs)):
+            return
+        args = list(values)
     try:
         results = op.compute(RunContext(node, op, opset, symbolic=True), *args)
-    except Exception:
+    except Exception:  # not evaluable at compile time (e.g. a data-dependent branch): no known value
         return
     for v, r in zip(node.outputs, results):
         if v is None or r is None:
