@@ -1,0 +1,1 @@
+"""The rewrite engine: IR <-> e-graph (egglog), the rule language, saturation, extraction."""
