@@ -12,7 +12,7 @@ A rule, as written::
         => x
 
 parses to ``Rule(name="mul_by_one", roots=(POp("Mul", (PVar("x"), PVar("c"))),),
-guard=ECall("and", ...), lets=(), results=(EVar("x"),))``.
+guard=EBinary("and", ...), lets=(), results=(EVar("x"),))``.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class POp:
         bind: ``p = Conv(...)`` names the matched node's e-class ``p``.
         output: for a multi-output op, which output the pattern stands for
             (``TopK(x, k)[1]``); 0 by default.
+        domain: the op's domain, "" for standard ONNX (``com.egraft::FusedConv(...)``).
         loc: where the pattern starts.
     """
 
@@ -79,6 +80,7 @@ class POp:
     attrs_rest: str | None = None
     bind: str | None = None
     output: int = 0
+    domain: str = ""
 
 
 Pattern = PVar | POp

@@ -1,0 +1,1 @@
+"""Extraction: cost models and extractors that turn an e-graph back into an IR graph."""

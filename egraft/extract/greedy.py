@@ -1,0 +1,114 @@
+"""Greedy extraction: the cheapest e-node per e-class by a bottom-up fixpoint, then the
+chosen program rebuilt as an IR graph in which a shared e-class is computed once.
+
+The cost of an e-node is ``cost(op)`` plus its children's costs; leaves (inputs,
+constants) and output projections cost nothing. Ties break on op name, attributes and
+children, so the same e-graph always gives the same program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from egraft.ir.graph import Graph, Node, Value
+from egraft.rewrite.egraph import ABSENT, CONST, INPUT, OUT, ENode, Snapshot
+
+FREE_OPS = (CONST, INPUT, OUT, ABSENT)
+
+
+def node_count_cost(node: ENode) -> float:
+    """The ``nodes`` cost model: every op costs 1; inputs, constants and projections 0."""
+    return 0.0 if node.op in FREE_OPS else 1.0
+
+
+def choose(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost) -> dict[int, ENode]:
+    """The cheapest e-node of every e-class that has a finite cost."""
+    best: dict[int, tuple[float, tuple, ENode]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for c in sorted(snapshot.classes):
+            for n in snapshot.classes[c]:
+                if any(ch not in best for ch in n.children):
+                    continue
+                total = cost(n) + sum(best[ch][0] for ch in n.children)
+                key = (total, (n.op, n.attrs, n.children))
+                if c not in best or key < best[c][:2]:
+                    best[c] = (total, key[1], n)
+                    changed = True
+    return {c: v[2] for c, v in best.items()}
+
+
+def extract_graph(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost,
+                  name: str | None = None) -> Graph:
+    """Rebuild the cheapest program for the source graph's outputs as an IR graph."""
+    state = snapshot.state
+    source = state.source
+    chosen = choose(snapshot, cost)
+    graph = Graph(name or source.name, [], [], [], constants=state.constants, opsets=dict(state.opsets))
+    values: dict[int, Value | list] = {}
+    counter = [0]
+    output_names = {snapshot.ref_class[state.output_refs[i]]: v.name for i, v in enumerate(source.outputs)}
+    for v in source.inputs:
+        c = snapshot.ref_class[state.input_refs[v.name]]
+        values[c] = v
+        graph.inputs.append(v)
+
+    def fresh_name(c: int) -> str:
+        if c in output_names:
+            return output_names[c]
+        counter[0] += 1
+        return f"v{counter[0]}"
+
+    origins: dict[int, str] = {}
+    for ref, names in sorted(state.ref_origin.items()):
+        origins.setdefault(snapshot.ref_class.get(ref, -1), names[0])
+
+    def origin(c: int) -> str:
+        return origins.get(c, "")
+
+    def build(c: int):
+        if c in values:
+            return values[c]
+        stack = [(c, False)]
+        while stack:
+            cls, ready = stack.pop()
+            if cls in values:
+                continue
+            n = chosen[cls]
+            if not ready:
+                stack.append((cls, True))
+                for ch in reversed(n.children):
+                    if ch not in values:
+                        stack.append((ch, False))
+                continue
+            values[cls] = emit(cls, n)
+        return values[c]
+
+    def emit(c: int, n: ENode):
+        t = snapshot.type_of(c)
+        if n.op == CONST:
+            return Value(fresh_name(c) if c in output_names else f"c{n.attrs[:8]}", t, const=n.attrs)
+        if n.op == ABSENT:
+            return None
+        if n.op == OUT:
+            tup = values[n.children[0]]
+            return tup[snapshot.attrs(n)["index"]]
+        inputs = tuple(values[ch] for ch in n.children)
+        if isinstance(t, tuple):
+            outs = [Value(fresh_name(-1), ti) if ti is not None else None for ti in t]
+            graph.nodes.append(Node(n.op, inputs, tuple(outs), dict(snapshot.attrs(n)), origin(c), n.domain))
+            return outs
+        out = Value(fresh_name(c), t)
+        graph.nodes.append(Node(n.op, inputs, (out,), dict(snapshot.attrs(n)), origin(c), n.domain))
+        return out
+
+    for i, v in enumerate(source.outputs):
+        c = snapshot.ref_class[state.output_refs[i]]
+        out = build(c)
+        if out.name != v.name:  # an output that is also an input or another output
+            alias = Value(v.name, v.type)
+            graph.nodes.append(Node("Identity", (out,), (alias,)))
+            out = alias
+        graph.outputs.append(out)
+    return graph

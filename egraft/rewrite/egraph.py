@@ -1,0 +1,296 @@
+"""The e-graph: an IR graph loaded into egglog, and snapshots of it for matching.
+
+Encoding (see ../shared/EGGLOG_NOTES.md for why): one egglog sort ``T`` for tensor
+e-classes with two constructors, ``T.op(name, attrs_key, args)`` for every op (args a
+cons list) and an unextractable handle ``T.ref(i)``. Every e-class holds at least one
+handle; new terms name existing e-classes through their handles, and each IR node is
+loaded as ``union(T.ref(i), T.op(...))`` in small batches.
+
+Weights stay out: a constant is ``T.op("Const", <content hash>, [])`` and its array lives
+in the side table. A graph input is ``T.op("Input", <name>, [])``. A node with several
+outputs is a tuple e-class ``T.op(op, attrs, args)`` whose outputs are
+``T.op("Out", "<i>", [tuple])``.
+
+Every handle has a known type (a TensorType, or a tuple of them for a tuple e-class),
+set from the IR up front or inferred by the op registry for the terms rules create.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from egglog import EGraph as EgglogGraph
+from egglog import Expr, StringLike, i64Like, union
+
+from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.types import TensorType
+
+
+class TList(Expr):
+    """A cons list of tensor e-classes (an op's inputs)."""
+
+    def __init__(self) -> None: ...
+
+    def cons(self, head: T) -> TList: ...
+
+
+class T(Expr):
+    """A tensor e-class."""
+
+    @classmethod
+    def ref(cls, i: i64Like) -> T: ...
+
+    @classmethod
+    def op(cls, name: StringLike, attrs: StringLike, args: TList) -> T: ...
+
+
+#: Placeholder inputs (omitted optional inputs) are this op with no args.
+ABSENT = "Absent"
+CONST = "Const"
+INPUT = "Input"
+OUT = "Out"
+LEAF_OPS = (ABSENT, CONST, INPUT)
+BATCH = 400
+
+
+def attrs_key(attrs: dict[str, Any]) -> str:
+    """A deterministic text key for an attribute dict (arrays by content hash)."""
+    from egraft.ir.graph import Graph as G
+    from egraft.ir.graph import content_hash
+
+    def enc(v):
+        if isinstance(v, np.ndarray):
+            return {"tensor": content_hash(v)}
+        if isinstance(v, G):
+            return {"graph": id(v)}
+        if isinstance(v, list | tuple):
+            return [enc(x) for x in v]
+        if isinstance(v, float | np.floating):
+            return {"f": repr(float(v))}
+        return v
+
+    return json.dumps({k: enc(attrs[k]) for k in sorted(attrs)}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ENode:
+    """One e-node of a snapshot: op name and domain, attribute key, child e-classes."""
+
+    op: str
+    domain: str
+    attrs: str
+    children: tuple[int, ...]
+
+
+class EGraphState:
+    """An egglog e-graph plus the Python side tables that give every e-class its type.
+
+    Example:
+        >>> state = EGraphState.from_graph(egraft.load("m.onnx"))   # doctest: +SKIP
+        >>> snap = state.snapshot()                                   # doctest: +SKIP
+    """
+
+    def __init__(self, graph: Graph):
+        self.egraph = EgglogGraph()
+        self.source = graph
+        self.constants = graph.constants
+        self.opsets = dict(graph.opsets)
+        self.ref_types: list[TensorType | tuple | None] = []
+        self.ref_node_attrs: dict[str, dict] = {}  # attrs key -> attrs dict
+        self.known_values: dict[int, np.ndarray] = {}  # ref -> compile-time value
+        self.ref_const: dict[int, str] = {}  # ref -> constant hash
+        self.ref_origin: dict[int, tuple[str, ...]] = {}  # ref -> source node names it covers
+        self.pending: list = []
+        self.output_refs: list[int] = []
+        self.input_refs: dict[str, int] = {}
+        self.absent_ref: int | None = None
+
+    # ---- building ------------------------------------------------------------------
+    def new_ref(self, ttype) -> int:
+        self.ref_types.append(ttype)
+        return len(self.ref_types) - 1
+
+    def _list(self, refs: list[int]) -> TList:
+        lst = TList()
+        for r in reversed(refs):
+            lst = lst.cons(T.ref(r))
+        return lst
+
+    def add_term(self, op: str, domain: str, attrs: dict, args: list[int], ttype) -> int:
+        """Queue ``op(args) {attrs}`` with a new handle of type ``ttype``; return the handle."""
+        key = attrs_key(attrs)
+        self.ref_node_attrs.setdefault(key, dict(attrs))
+        ref = self.new_ref(ttype)
+        name = f"{domain}::{op}" if domain else op
+        self.pending.append(union(T.ref(ref)).with_(T.op(name, key, self._list(args))))
+        return ref
+
+    def add_leaf(self, op: str, key: str, ttype) -> int:
+        ref = self.new_ref(ttype)
+        self.pending.append(union(T.ref(ref)).with_(T.op(op, key, TList())))
+        return ref
+
+    def add_const(self, array: np.ndarray) -> int:
+        from egraft.ir.graph import content_hash
+
+        key = content_hash(array)
+        self.constants.setdefault(key, array)
+        ref = self.add_leaf(CONST, key, TensorType.of(array))
+        self.ref_const[ref] = key
+        self.known_values[ref] = array
+        return ref
+
+    def union_refs(self, a: int, b: int) -> None:
+        self.pending.append(union(T.ref(a)).with_(T.ref(b)))
+
+    def flush(self) -> None:
+        """Send the queued commands to egglog in small batches (large ones blow up)."""
+        for start in range(0, len(self.pending), BATCH):
+            self.egraph.register(*self.pending[start:start + BATCH])
+        self.pending.clear()
+
+    @classmethod
+    def from_graph(cls, graph: Graph) -> EGraphState:
+        """Load an IR graph: one handle per IR value, one union per node."""
+        state = cls(graph)
+        refs: dict[str, int] = {}
+        for v in graph.inputs:
+            refs[v.name] = state.add_leaf(INPUT, v.name, v.type)
+            state.input_refs[v.name] = refs[v.name]
+
+        def ref_of(v: Value | None) -> int:
+            if v is None:
+                if state.absent_ref is None:
+                    state.absent_ref = state.add_leaf(ABSENT, "", None)
+                return state.absent_ref
+            if v.name not in refs:
+                if v.const is None:
+                    raise KeyError(v.name)
+                refs[v.name] = state.add_leaf(CONST, v.const, v.type)
+                state.ref_const[refs[v.name]] = v.const
+                state.known_values[refs[v.name]] = graph.constants[v.const]
+            return refs[v.name]
+
+        for node in graph.nodes:
+            if any(isinstance(a, Graph) for a in node.attrs.values()):
+                raise NotImplementedError("subgraphs")  # handled by the caller (kept opaque)
+            args = [ref_of(v) for v in node.inputs]
+            outputs = [v for v in node.outputs]
+            if len(outputs) == 1 and outputs[0] is not None:
+                ref = state.add_term(node.op, node.domain, dict(node.attrs), args, outputs[0].type)
+                refs[outputs[0].name] = ref
+                state.ref_origin[ref] = (node.name,)
+            else:
+                types = tuple(v.type if v is not None else None for v in outputs)
+                tup = state.add_term(node.op, node.domain, dict(node.attrs), args, types)
+                state.ref_origin[tup] = (node.name,)
+                for i, v in enumerate(outputs):
+                    if v is not None:
+                        refs[v.name] = state.add_term(OUT, "", {"index": i}, [tup], v.type)
+            for v in outputs:
+                if v is not None and v.name in graph.known_values:
+                    state.known_values[refs[v.name]] = graph.known_values[v.name]
+        state.output_refs = [ref_of(v) for v in graph.outputs]
+        state.flush()
+        return state
+
+    # ---- reading ---------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The current e-graph as plain Python data (e-classes numbered 0..n-1)."""
+        data = json.loads(self.egraph._serialize().to_json())
+        nodes = data["nodes"]
+        class_ids: dict[str, int] = {}
+
+        def cid(name: str) -> int:
+            if name not in class_ids:
+                class_ids[name] = len(class_ids)
+            return class_ids[name]
+
+        list_items: dict[str, list[str]] = {}  # TList node id -> child T node ids
+
+        def items(node_id: str) -> list[str]:
+            out = []
+            while True:
+                node = nodes[node_id]
+                if not node["children"]:
+                    return out
+                tail, head = node["children"]
+                out.append(head)
+                node_id = tail
+
+        ref_class: dict[int, int] = {}
+        classes: dict[int, list[ENode]] = defaultdict(list)
+        for node in nodes.values():
+            op = node["op"]
+            if op == "T.ref":
+                ref = int(nodes[node["children"][0]]["op"])
+                ref_class[ref] = cid(node["eclass"])
+            elif op == "T.op":
+                name_id, attrs_id, list_id = node["children"]
+                name = json.loads(nodes[name_id]["op"])
+                key = json.loads(nodes[attrs_id]["op"])
+                if list_id not in list_items:
+                    list_items[list_id] = items(list_id)
+                children = tuple(cid(nodes[c]["eclass"]) for c in list_items[list_id])
+                domain, _, op_name = name.rpartition("::")
+                classes[cid(node["eclass"])].append(ENode(op_name, domain, key, children))
+        return Snapshot(self, dict(classes), ref_class)
+
+
+class Snapshot:
+    """A frozen view of the e-graph: e-classes, their e-nodes, types and handles."""
+
+    def __init__(self, state: EGraphState, classes: dict[int, list[ENode]], ref_class: dict[int, int]):
+        self.state = state
+        self.classes = classes
+        self.ref_class = ref_class
+        self.class_ref: dict[int, int] = {}
+        for ref, c in sorted(ref_class.items()):
+            self.class_ref.setdefault(c, ref)
+        self.by_op: dict[str, list[tuple[int, ENode]]] = defaultdict(list)
+        for c, enodes in classes.items():
+            for n in enodes:
+                self.by_op[n.op].append((c, n))
+        self.const_class: dict[int, str] = {}
+        for c, enodes in classes.items():
+            for n in enodes:
+                if n.op == CONST:
+                    self.const_class[c] = n.attrs
+        self.known: dict[int, np.ndarray] = {}
+        for ref, value in state.known_values.items():
+            if ref in ref_class:
+                self.known.setdefault(ref_class[ref], value)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(v) for v in self.classes.values())
+
+    def type_of(self, c: int):
+        return self.state.ref_types[self.class_ref[c]]
+
+    def attrs(self, n: ENode) -> dict:
+        return self.state.ref_node_attrs.get(n.attrs, {}) if n.op not in LEAF_OPS else {}
+
+    def constant(self, c: int) -> np.ndarray | None:
+        key = self.const_class.get(c)
+        return None if key is None else self.state.constants[key]
+
+    def is_tuple(self, c: int) -> bool:
+        return isinstance(self.type_of(c), tuple)
+
+
+def value_name(ref: int) -> str:
+    return f"r{ref}"
+
+
+def ir_value(snapshot: Snapshot, c: int) -> Value:
+    """An IR Value standing for e-class ``c`` (for inference over e-classes)."""
+    ref = snapshot.class_ref[c]
+    return Value(value_name(ref), snapshot.type_of(c), const=snapshot.const_class.get(c))
+
+
+__all__ = ["EGraphState", "Snapshot", "ENode", "Node"]

@@ -1,0 +1,170 @@
+"""Equality saturation under budgets, with a back-off scheduler and per-rule statistics.
+
+Each iteration takes a snapshot of the e-graph, matches every active rule against it,
+checks guards, builds replacements and unions them with what they replace. A rule that
+matches more than its threshold in one iteration is banned for a few iterations and its
+threshold doubles (egg's BackoffScheduler), so a few exploding rules (associativity,
+commutativity) cannot starve the rest. Saturation stops when nothing changes, or at the
+iteration, e-node or time budget; the report says which.
+
+Example:
+    >>> state = EGraphState.from_graph(graph)                        # doctest: +SKIP
+    >>> report = saturate(state, rules, Budget(iterations=20))        # doctest: +SKIP
+    >>> report.stop_reason                                            # doctest: +SKIP
+    'saturated'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from egraft.ir.infer import FreshDims
+from egraft.rewrite.ast import Rule
+from egraft.rewrite.egraph import EGraphState
+from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
+from egraft.rewrite.match import Matcher
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits of one saturation run.
+
+    Attributes:
+        iterations: at most this many match-and-apply rounds.
+        max_nodes: stop once the e-graph holds more e-nodes than this.
+        seconds: stop once this much time has passed.
+        match_limit: a rule with more matches than this in one round is banned (back-off).
+        ban_length: iterations a banned rule sits out (doubling each time it is banned).
+    """
+
+    iterations: int = 30
+    max_nodes: int = 100_000
+    seconds: float = 30.0
+    match_limit: int = 1000
+    ban_length: int = 2
+
+
+@dataclass
+class RuleStats:
+    """What one rule did: matches found, applied, refused by its guard or by the
+    replacement (type mismatch, inference error), times banned, seconds spent."""
+
+    matches: int = 0
+    applied: int = 0
+    guard_refused: int = 0
+    build_failed: int = 0
+    banned: int = 0
+    seconds: float = 0.0
+    last_failure: str = ""
+
+
+@dataclass
+class SaturationReport:
+    """The outcome of :func:`saturate`."""
+
+    iterations: int
+    stop_reason: str
+    nodes_before: int
+    nodes_after: int
+    classes_after: int
+    seconds: float
+    rules: dict[str, RuleStats] = field(default_factory=dict)
+
+    def top_rules(self, n: int = 10) -> list[tuple[str, RuleStats]]:
+        """The rules that applied most, then by name."""
+        active = [(k, v) for k, v in self.rules.items() if v.applied]
+        return sorted(active, key=lambda kv: (-kv[1].applied, kv[0]))[:n]
+
+
+def _match_key(rule: Rule, subst: dict, snapshot) -> tuple:
+    items = []
+    for k in sorted(subst):
+        v = subst[k]
+        if isinstance(v, int) and type(v) is not int and type(v) is not bool:  # EClassId
+            v = ("c", snapshot.class_ref[v])
+        elif isinstance(v, list):
+            v = tuple(("c", snapshot.class_ref[c]) if type(c) is not int else c for c in v)
+        elif isinstance(v, dict):
+            v = repr(sorted(v.items(), key=lambda kv: kv[0]))
+        else:
+            v = repr(v)
+        items.append((k, v))
+    return (rule.name, tuple(items))
+
+
+def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None,
+             progress: Callable[[int, int], None] | None = None) -> SaturationReport:
+    """Run ``rules`` on ``state`` until saturation or a budget; return the report."""
+    budget = budget or Budget()
+    start = time.perf_counter()
+    opset = state.opsets.get("", 21)
+    fresh = FreshDims("_e")
+    stats = {r.name: RuleStats() for r in rules}
+    threshold = {r.name: budget.match_limit for r in rules}
+    banned_until = {r.name: 0 for r in rules}
+    ban_count = {r.name: 0 for r in rules}
+    applied: set[tuple] = set()
+    snapshot = state.snapshot()
+    nodes_before = snapshot.num_nodes
+    stop = "iteration limit"
+    iteration = 0
+    for iteration in range(1, budget.iterations + 1):
+        changed = False
+        any_banned = False
+        matcher = Matcher(snapshot, opset)
+        evaluator = Evaluator(state, snapshot, opset, fresh)
+        for rule in rules:
+            name = rule.name
+            if banned_until[name] > iteration:
+                any_banned = True
+                continue
+            t0 = time.perf_counter()
+            substs = matcher.match_rule(rule, limit=threshold[name] + 1)
+            if len(substs) > threshold[name]:
+                ban_count[name] += 1
+                banned_until[name] = iteration + budget.ban_length * 2 ** (ban_count[name] - 1)
+                threshold[name] *= 2
+                stats[name].banned += 1
+                any_banned = True
+                stats[name].seconds += time.perf_counter() - t0
+                continue
+            stats[name].matches += len(substs)
+            for subst in substs:
+                key = _match_key(rule, subst, snapshot)
+                if key in applied:
+                    continue
+                if not evaluator.guard(rule, subst):
+                    stats[name].guard_refused += 1
+                    continue
+                mark = len(state.pending)
+                try:
+                    pairs = evaluator.build(rule, subst)
+                except ReplacementFailed as err:
+                    applied.add(key)  # building fails the same way next time
+                    del state.pending[mark:]
+                    stats[name].build_failed += 1
+                    stats[name].last_failure = str(err)
+                    continue
+                applied.add(key)
+                for root_ref, new_ref in pairs:
+                    state.union_refs(root_ref, new_ref)
+                stats[name].applied += 1
+                changed = True
+            stats[name].seconds += time.perf_counter() - t0
+        state.flush()
+        snapshot = state.snapshot()
+        if progress is not None:
+            progress(iteration, snapshot.num_nodes)
+        if snapshot.num_nodes > budget.max_nodes:
+            stop = "node limit"
+            break
+        if time.perf_counter() - start > budget.seconds:
+            stop = "time limit"
+            break
+        if not changed and not any_banned:
+            stop = "saturated"
+            break
+    return SaturationReport(iteration, stop, nodes_before, snapshot.num_nodes, len(snapshot.classes),
+                            time.perf_counter() - start, stats)

@@ -1,0 +1,444 @@
+"""Evaluating a rule's guard and building its replacement under one substitution.
+
+Guards see tensor variables through their e-class's type and, for constants, value:
+``const(w)``, ``rank(x)``, ``shape(x)``, ``dim(x, 1)``, ``dtype(x) == f32``,
+``all_equal(c, 1)``... A replacement builds new terms: a call to an op makes a node
+whose output types the op registry infers (the one source of truth); ``+ - * /`` on
+tensors are Add/Sub/Mul/Div; numbers next to a tensor become constants of its dtype;
+keyword arguments become attributes, or constant inputs where the op takes that
+operand as an input at the graph's opset; ``fold(n)`` evaluates a node whose inputs are
+all constants with the reference kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx.defs
+import sympy
+
+from egraft.ir.dims import dims_equal
+from egraft.ir.dtypes import DType
+from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.infer import FreshDims, infer_node
+from egraft.ir.registry import RunContext, get_op
+from egraft.ir.types import TensorType
+from egraft.rewrite.ast import EBinary, ECall, EIndex, EList, ELit, EUnary, EVar, Rule
+from egraft.rewrite.egraph import CONST, EGraphState, Snapshot, value_name
+from egraft.rewrite.match import ROOT, EClassId, Subst
+
+
+class GuardFailed(Exception):
+    """A guard could not be evaluated (e.g. ``dim`` of an unknown rank): the match is skipped."""
+
+
+class ReplacementFailed(Exception):
+    """The replacement could not be built (inference refused it, or its type differs)."""
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A tensor in a replacement: an e-class handle (``T.ref``)."""
+
+    ref: int
+
+
+DTYPE_NAMES = {d.short: d for d in DType}
+
+
+class Evaluator:
+    """Evaluates guards and builds replacements for one snapshot."""
+
+    def __init__(self, state: EGraphState, snapshot: Snapshot, opset: int, fresh: FreshDims):
+        self.state = state
+        self.snap = snapshot
+        self.opset = opset
+        self.fresh = fresh
+        self.scratch = Graph("egraph", [], [], [], constants=state.constants, opsets=state.opsets)
+
+    # ---- values of variables ----------------------------------------------------------------
+    def _value(self, name: str, subst: Subst, env: dict):
+        if name in env:
+            return env[name]
+        if name in subst:
+            v = subst[name]
+            if isinstance(v, EClassId):
+                return Handle(self.snap.class_ref[v])
+            if isinstance(v, list) and v and all(isinstance(c, EClassId) for c in v):
+                return [Handle(self.snap.class_ref[c]) for c in v]
+            return v
+        if name in DTYPE_NAMES:
+            return DTYPE_NAMES[name]
+        if name in ("inf", "nan"):
+            return float(name)
+        raise GuardFailed(f"unbound variable {name}")
+
+    # ---- types of handles ---------------------------------------------------------------------
+    def type_of(self, h: Handle) -> TensorType:
+        t = self.state.ref_types[h.ref]
+        if not isinstance(t, TensorType):
+            raise GuardFailed("not a tensor")
+        return t
+
+    def const_of(self, h: Handle) -> np.ndarray | None:
+        key = self.state.ref_const.get(h.ref)
+        if key is None:
+            c = self.snap.ref_class.get(h.ref)
+            key = self.snap.const_class.get(c) if c is not None else None
+        return None if key is None else self.state.constants[key]
+
+    # ---- expressions -------------------------------------------------------------------------
+    def eval(self, e, subst: Subst, env: dict, build: bool = False) -> Any:
+        if isinstance(e, ELit):
+            return e.value
+        if isinstance(e, EVar):
+            return self._value(e.name, subst, env)
+        if isinstance(e, EList):
+            return [self.eval(x, subst, env, build) for x in e.items]
+        if isinstance(e, EUnary):
+            v = self.eval(e.operand, subst, env, build)
+            if e.op == "not":
+                return not v
+            if isinstance(v, Handle):
+                return self.make_op("Neg", [v], {})
+            return -v
+        if isinstance(e, EBinary):
+            return self._binary(e, subst, env, build)
+        if isinstance(e, EIndex):
+            base = self.eval(e.base, subst, env, build)
+            if isinstance(e.index, tuple):
+                lo, hi = (None if x is None else self.eval(x, subst, env, build) for x in e.index)
+                return list(base)[lo:hi]
+            return base[self.eval(e.index, subst, env, build)]
+        if isinstance(e, ECall):
+            return self._call(e, subst, env, build)
+        raise GuardFailed(f"cannot evaluate {type(e).__name__}")
+
+    def _binary(self, e: EBinary, subst, env, build):
+        if e.op == "and":
+            return bool(self.eval(e.left, subst, env, build)) and bool(self.eval(e.right, subst, env, build))
+        if e.op == "or":
+            return bool(self.eval(e.left, subst, env, build)) or bool(self.eval(e.right, subst, env, build))
+        a = self.eval(e.left, subst, env, build)
+        b = self.eval(e.right, subst, env, build)
+        if isinstance(a, Handle) or isinstance(b, Handle):
+            if not build:
+                raise GuardFailed("tensor arithmetic in a guard")
+            op = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}.get(e.op)
+            if op is None:
+                raise ReplacementFailed(f"operator {e.op} on tensors")
+            a, b = self._tensorize(a, b), self._tensorize(b, a)
+            return self.make_op(op, [a, b], {})
+        return _python_binary(e.op, a, b)
+
+    def _tensorize(self, x, like) -> Handle:
+        if isinstance(x, Handle):
+            return x
+        dtype = self.type_of(like).dtype.numpy
+        return Handle(self.state.add_const(np.asarray(x, dtype=dtype)))
+
+    def _call(self, e: ECall, subst, env, build):
+        builtin = BUILTINS.get(e.func)
+        if builtin is not None and not (build and get_op(e.func, e.domain) is not None):
+            args = [self.eval(a, subst, env, build) for a in e.args]
+            return builtin(self, *args)
+        if e.func == "fold":
+            if not build:
+                raise GuardFailed("fold in a guard")
+            return self.fold(self.eval(e.args[0], subst, env, build))
+        if not build:
+            raise GuardFailed(f"op {e.func} in a guard")
+        args = [self.eval(a, subst, env, build) for a in e.args]
+        attrs: dict[str, Any] = {}
+        for spread in e.attrs_spread:
+            attrs.update(self._value(spread, subst, env))
+        kwargs = {k: self.eval(v, subst, env, build) for k, v in e.kwargs}
+        return self.call_op(e.func, e.domain, args, kwargs, attrs)
+
+    # ---- building terms ----------------------------------------------------------------------
+    def call_op(self, op: str, domain: str, args: list, kwargs: dict, attrs: dict, n_outputs: int = 1):
+        """Build ``op(args, **kwargs) {attrs}``; keyword operands the op takes as inputs
+        at this opset become constant inputs."""
+        inputs: list[Any] = list(args)
+        input_names = _schema_inputs(op, domain, self.opset)
+        for key, value in kwargs.items():
+            if key in input_names:
+                pos = input_names.index(key)
+                while len(inputs) <= pos:
+                    inputs.append(None)
+                inputs[pos] = value
+            else:
+                attrs[key] = _attr_value(value)
+        handles = []
+        for x in inputs:
+            if x is None or isinstance(x, Handle):
+                handles.append(x)
+            else:
+                array = np.asarray(x)
+                if array.dtype.kind == "f":
+                    array = array.astype(np.float32)
+                elif array.dtype.kind in "iub" and array.dtype != np.bool_:
+                    array = array.astype(np.int64)
+                handles.append(Handle(self.state.add_const(array)))
+        return self.make_op(op, handles, attrs, domain=domain, n_outputs=n_outputs)
+
+    def make_op(self, op: str, inputs: list, attrs: dict, domain: str = "", n_outputs: int = 1):
+        values = [None if h is None else self._ir_value(h) for h in inputs]
+        outs = tuple(Value(f"new{i}", TensorType(DType.FLOAT32, None)) for i in range(n_outputs))
+        node = Node(op, tuple(values), outs, dict(attrs), domain=domain)
+        try:
+            types = infer_node(self.scratch, node, self.fresh)
+        except Exception as err:
+            raise ReplacementFailed(f"{op}: {err}") from None
+        args = [h.ref if h is not None else self._absent() for h in inputs]
+        while args and inputs and inputs[-1] is None:
+            args.pop()
+            inputs = inputs[:-1]
+        if n_outputs == 1:
+            ref = self.state.add_term(op, domain, attrs, args, types[0])
+            self._keep_known(node.outputs[0].name, ref)
+            return Handle(ref)
+        tup = self.state.add_term(op, domain, attrs, args, tuple(types))
+        handles = []
+        for i, t in enumerate(types):
+            ref = self.state.add_term("Out", "", {"index": i}, [tup], t)
+            self._keep_known(node.outputs[i].name, ref)
+            handles.append(Handle(ref))
+        return handles
+
+    def _absent(self) -> int:
+        if self.state.absent_ref is None:
+            self.state.absent_ref = self.state.add_leaf("Absent", "", None)
+        return self.state.absent_ref
+
+    def _keep_known(self, name: str, ref: int) -> None:
+        value = self.scratch.known_values.pop(name, None)
+        if value is not None:
+            self.state.known_values[ref] = value
+            self.scratch.known_values[value_name(ref)] = value
+
+    def _ir_value(self, h: Handle) -> Value:
+        name = value_name(h.ref)
+        key = self.state.ref_const.get(h.ref)
+        if key is None:
+            c = self.snap.ref_class.get(h.ref)
+            key = self.snap.const_class.get(c) if c is not None else None
+        known = self.state.known_values.get(h.ref)
+        if known is None and h.ref in self.snap.ref_class:
+            known = self.snap.known.get(self.snap.ref_class[h.ref])
+        if known is not None:
+            self.scratch.known_values[name] = known
+        return Value(name, self.type_of(h), const=key)
+
+    def fold(self, target) -> Handle:
+        """Evaluate a node of e-class ``target`` whose inputs are all constants."""
+        if not isinstance(target, Handle):
+            raise ReplacementFailed("fold needs a tensor")
+        c = self.snap.ref_class.get(target.ref)
+        for n in self.snap.classes.get(c, ()):
+            if n.op in (CONST, "Input", "Absent", "Out"):
+                continue
+            arrays = [self.snap.constant(ch) for ch in n.children]
+            if any(a is None for a in arrays) or self.snap.is_tuple(c):
+                continue
+            opdef = get_op(n.op, n.domain)
+            if opdef is None or opdef.compute is None:
+                continue
+            fake = Node(n.op, (), (Value("y", self.type_of(target)),), self.snap.attrs(n), domain=n.domain)
+            try:
+                with np.errstate(all="ignore"):
+                    result = opdef.compute(RunContext(fake, opdef, self.opset), *arrays)[0]
+            except Exception as err:
+                raise ReplacementFailed(f"fold {n.op}: {err}") from None
+            return Handle(self.state.add_const(np.asarray(result)))
+        raise ReplacementFailed("no foldable node")
+
+    # ---- whole rules -----------------------------------------------------------------------
+    def guard(self, rule: Rule, subst: Subst) -> bool:
+        if rule.guard is None:
+            return True
+        try:
+            return bool(self.eval(rule.guard, subst, {}))
+        except GuardFailed:
+            return False
+        except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError):
+            return False
+
+    def build(self, rule: Rule, subst: Subst) -> list[tuple[int, int]]:
+        """Build the replacement; return (root class handle, replacement handle) pairs."""
+        env: dict[str, Any] = {}
+        for let in rule.lets:
+            value = self.eval(let.value, subst, env, build=True) if len(let.names) == 1 else \
+                self._eval_multi(let, subst, env)
+            if len(let.names) == 1:
+                env[let.names[0]] = value
+            else:
+                if not isinstance(value, list) or len(value) != len(let.names):
+                    raise ReplacementFailed(f"{', '.join(let.names)}: expected {len(let.names)} outputs")
+                env.update(zip(let.names, value))
+        pairs = []
+        for i, result in enumerate(rule.results):
+            value = self.eval(result, subst, env, build=True)
+            if not isinstance(value, Handle):
+                raise ReplacementFailed("a result is not a tensor")
+            root_ref = self.snap.class_ref[subst[ROOT.format(i)]]
+            want = self.state.ref_types[root_ref]
+            got = self.state.ref_types[value.ref]
+            if not same_type(want, got):
+                raise ReplacementFailed(f"type {got} differs from the root's {want}")
+            pairs.append((root_ref, value.ref))
+        return pairs
+
+    def _eval_multi(self, let, subst, env):
+        call = let.value
+        if not isinstance(call, ECall):
+            return self.eval(call, subst, env, build=True)
+        args = [self.eval(a, subst, env, True) for a in call.args]
+        attrs: dict[str, Any] = {}
+        for spread in call.attrs_spread:
+            attrs.update(self._value(spread, subst, env))
+        kwargs = {k: self.eval(v, subst, env, True) for k, v in call.kwargs}
+        return self.call_op(call.func, call.domain, args, kwargs, attrs, n_outputs=len(let.names))
+
+
+def same_type(a, b) -> bool:
+    """Two e-class types are interchangeable: same dtype, same rank, provably equal dims."""
+    if not isinstance(a, TensorType) or not isinstance(b, TensorType):
+        return False
+    if a.dtype != b.dtype or a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+        return False
+    return all(dims_equal(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def _python_binary(op: str, a, b):
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a / b
+    if op == "%":
+        return a % b
+    if op == "==":
+        return _eq(a, b)
+    if op == "!=":
+        return not _eq(a, b)
+    if op == "<":
+        return a < b
+    if op == "<=":
+        return a <= b
+    if op == ">":
+        return a > b
+    if op == ">=":
+        return a >= b
+    raise GuardFailed(f"operator {op}")
+
+
+def _eq(a, b) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
+    if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
+        return dims_equal(a, b)
+    return a == b
+
+
+def _attr_value(v):
+    if isinstance(v, np.ndarray):
+        return v
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, list):
+        return [int(x) if isinstance(x, np.integer | sympy.Integer) else x for x in v]
+    return v
+
+
+def _schema_inputs(op: str, domain: str, opset: int) -> list[str]:
+    try:
+        return [i.name for i in onnx.defs.get_schema(op, opset, domain).inputs]
+    except Exception:
+        return []
+
+
+# ---- guard builtins ------------------------------------------------------------------------
+def _flat(args):
+    for a in args:
+        if isinstance(a, list):
+            yield from a
+        else:
+            yield a
+
+
+def _const(ev: Evaluator, *args) -> bool:
+    return all(isinstance(h, Handle) and ev.const_of(h) is not None for h in _flat(args))
+
+
+def _rank(ev: Evaluator, x) -> int:
+    t = ev.type_of(x)
+    if t.shape is None:
+        raise GuardFailed("unknown rank")
+    return len(t.shape)
+
+
+def _shape(ev: Evaluator, x) -> list:
+    t = ev.type_of(x)
+    if t.shape is None:
+        raise GuardFailed("unknown rank")
+    return list(t.shape)
+
+
+def _dim(ev: Evaluator, x, i: int):
+    return _shape(ev, x)[i]
+
+
+def _dtype(ev: Evaluator, x) -> DType:
+    return ev.type_of(x).dtype
+
+
+def _static(ev: Evaluator, *xs) -> bool:
+    return all(ev.type_of(x).is_static for x in _flat(xs))
+
+
+def _numel(ev: Evaluator, x):
+    from egraft.ir.dims import dim_product
+
+    return dim_product(_shape(ev, x))
+
+
+def _value_of(ev: Evaluator, x) -> np.ndarray:
+    v = ev.const_of(x)
+    if v is None:
+        raise GuardFailed("not a constant")
+    return v
+
+
+def _all_equal(ev: Evaluator, x, number) -> bool:
+    v = ev.const_of(x) if isinstance(x, Handle) else np.asarray(x)
+    return v is not None and v.size > 0 and bool(np.all(v == number))
+
+
+def _is_symbolic(ev: Evaluator, x) -> bool:
+    return not ev.type_of(x).is_static
+
+
+BUILTINS = {
+    "const": _const,
+    "rank": _rank,
+    "shape": _shape,
+    "dim": _dim,
+    "dtype": _dtype,
+    "static": _static,
+    "numel": _numel,
+    "value": _value_of,
+    "all_equal": _all_equal,
+    "is_symbolic": _is_symbolic,
+    "len": lambda ev, x: len(x),
+    "abs": lambda ev, x: abs(x),
+    "min": lambda ev, *x: min(_flat(x)),
+    "max": lambda ev, *x: max(_flat(x)),
+    "int": lambda ev, x: int(x),
+    "float": lambda ev, x: float(x),
+}

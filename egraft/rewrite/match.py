@@ -1,0 +1,173 @@
+"""E-matching: find the substitutions under which a rule's patterns occur in a snapshot.
+
+A substitution maps pattern variables to e-classes (tensor variables), to lists of
+e-classes (``xs...``), to attribute values (``{epsilon = eps}``) or to attribute dicts
+(``{attrs}``). Roots are matched in order; a later root must agree with the variables
+earlier roots bound (multi-root rules join on shared variables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from egraft.ir.registry import get_op
+from egraft.rewrite.ast import POp, PVar, Rule
+from egraft.rewrite.egraph import ABSENT, OUT, ENode, Snapshot
+
+Subst = dict[str, Any]
+
+
+class EClassId(int):
+    """An e-class bound to a pattern variable (an int that is known not to be an
+    attribute value)."""
+#: Names under which the matcher records each root's e-class (``$root0``...).
+ROOT = "$root{}"
+
+
+def _attr_default(op: str, domain: str, name: str, opset: int):
+    opdef = get_op(op, domain)
+    if opdef is None:
+        return None
+    return opdef.attr_defaults(opset).get(name)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(b)))
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+class Matcher:
+    """Matches patterns against one snapshot. ``opset`` gives attribute defaults."""
+
+    def __init__(self, snapshot: Snapshot, opset: int):
+        self.snap = snapshot
+        self.opset = opset
+
+    # ---- single patterns ----------------------------------------------------------------
+    def match_class(self, pattern, c: int, subst: Subst) -> Iterator[Subst]:
+        """Every extension of ``subst`` under which ``pattern`` matches e-class ``c``."""
+        if isinstance(pattern, PVar):
+            if pattern.name == "_":
+                yield subst
+                return
+            bound = subst.get(pattern.name)
+            if bound is None:
+                if self.snap.is_tuple(c) or any(n.op == ABSENT for n in self.snap.classes.get(c, ())):
+                    return
+                out = dict(subst)
+                out[pattern.name] = EClassId(c)
+                yield out
+            elif bound == c:
+                yield subst
+            return
+        for node, node_class in self._op_nodes(pattern, c):
+            yield from self._match_node(pattern, node, node_class, subst)
+
+    def _op_nodes(self, pattern: POp, c: int) -> Iterator[tuple[ENode, int]]:
+        """The e-nodes in class ``c`` (or, through ``Out``, its tuple class) that could match."""
+        if pattern.output == 0 and not self.snap.is_tuple(c):
+            for n in self.snap.classes.get(c, ()):
+                if n.op not in (OUT, ABSENT) and (pattern.op is None or n.op == pattern.op):
+                    yield n, c
+        for n in self.snap.classes.get(c, ()):
+            if n.op == OUT and self.snap.attrs(n).get("index") == pattern.output:
+                tup = n.children[0]
+                for tn in self.snap.classes.get(tup, ()):
+                    if pattern.op is None or tn.op == pattern.op:
+                        yield tn, tup
+
+    def _match_node(self, pattern: POp, node: ENode, node_class: int, subst: Subst) -> Iterator[Subst]:
+        if node.op in ("Const", "Input"):
+            return
+        args = pattern.args
+        children = node.children
+        if pattern.rest is None and len(children) > len(args):
+            # Trailing omitted optional inputs may be present as Absent.
+            extra = children[len(args):]
+            if not all(self._is_absent(c) for c in extra):
+                return
+            children = children[:len(args)]
+        if len(children) < len(args):
+            padded = list(children) + [None] * (len(args) - len(children))
+        else:
+            padded = list(children)
+        attrs = self.snap.attrs(node)
+        base = dict(subst)
+        if pattern.bind is not None:
+            if pattern.bind in base and base[pattern.bind] != node_class:
+                return
+            base[pattern.bind] = EClassId(node_class)
+        constrained = set()
+        for ap in pattern.attrs:
+            constrained.add(ap.name)
+            value = attrs.get(ap.name, _attr_default(node.op, node.domain, ap.name, self.opset))
+            if ap.var is not None:
+                if ap.var in base and not _same(base[ap.var], value):
+                    return
+                base[ap.var] = value
+            elif not _same(value, ap.literal):
+                return
+        if pattern.attrs_rest is not None:
+            rest = {k: v for k, v in attrs.items() if k not in constrained}
+            base[pattern.attrs_rest] = rest
+        if pattern.rest is not None:
+            base[pattern.rest] = [EClassId(c) for c in padded[len(args):] if c is not None]
+        yield from self._match_args(list(args), padded[:len(args)], base)
+
+    def _match_args(self, patterns: list, classes: list, subst: Subst) -> Iterator[Subst]:
+        if not patterns:
+            yield subst
+            return
+        first, c = patterns[0], classes[0]
+        if c is None or self._is_absent(c):
+            if isinstance(first, PVar) and first.name == "_":
+                yield from self._match_args(patterns[1:], classes[1:], subst)
+            return
+        for s in self.match_class(first, c, subst):
+            yield from self._match_args(patterns[1:], classes[1:], s)
+
+    def _is_absent(self, c: int) -> bool:
+        return any(n.op == ABSENT for n in self.snap.classes.get(c, ()))
+
+    # ---- rules --------------------------------------------------------------------------
+    def candidates(self, pattern: POp) -> list[int]:
+        """E-classes whose e-nodes could match a root pattern, deterministic order."""
+        if pattern.op is None:
+            return sorted(self.snap.classes)
+        found = {c for c, _ in self.snap.by_op.get(pattern.op, ())}
+        if pattern.output:
+            outs = set()
+            for c, n in self.snap.by_op.get(OUT, ()):
+                if n.children[0] in found:
+                    outs.add(c)
+            return sorted(outs)
+        return sorted(c for c in found if not self.snap.is_tuple(c))
+
+    def match_rule(self, rule: Rule, limit: int | None = None) -> list[Subst]:
+        """All substitutions for the rule's roots (at most ``limit``)."""
+        results: list[Subst] = []
+
+        def extend(i: int, subst: Subst) -> bool:
+            if i == len(rule.roots):
+                results.append(subst)
+                return limit is not None and len(results) >= limit
+            root = rule.roots[i]
+            for c in self.candidates(root):
+                if any(subst.get(ROOT.format(j)) == c for j in range(i)):
+                    continue  # two roots of one match are different nodes
+                for s in self.match_class(root, c, subst):
+                    s = dict(s)
+                    s[ROOT.format(i)] = EClassId(c)
+                    if extend(i + 1, s):
+                        return True
+            return False
+
+        extend(0, {})
+        return results
