@@ -329,3 +329,96 @@ def main() -> None:  # pragma: no cover - the console script
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# ---- optimize and rules ------------------------------------------------------------------------
+rules_app = typer.Typer(help="Rule files: list them, check them.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
+
+
+@app.command()
+def optimize(
+    model: Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")],
+    rules: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule file (repeatable).")] = None,
+    rules_off: Annotated[list[str] | None, typer.Option("--rules-off", help="Rule set to switch off.")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", help="Bind a symbolic dim: NAME=INT.")] = None,
+    iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
+    max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
+    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 30.0,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the optimized model here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Rewrite a model with the rule library and extract the cheapest equivalent program.
+
+    Example: egraft optimize resnet50 -o resnet50.opt.onnx
+    """
+    from egraft.optimize import optimize as run_optimize
+    from egraft.rewrite.engine import Budget
+
+    try:
+        if output is not None and output.exists() and not force:
+            raise EgraftError(f"{output} exists; pass --force to overwrite it or choose another -o path")
+        bindings = parse_bindings(shape)
+        graph = _load(model)
+        budget = Budget(iterations=iterations, max_nodes=max_nodes, seconds=timeout)
+        result = run_optimize(graph, rules or [], rules_off or [], bindings, budget)
+        if output is not None:
+            import egraft
+
+            egraft.save_onnx(result.graph, output)
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    report = result.saturation
+    summary = {
+        "nodes_before": len(result.source.nodes),
+        "nodes_after": len(result.graph.nodes),
+        "ops": {op: [b, a] for op, b, a in result.histogram_rows()},
+        "egraph": {"iterations": report.iterations, "stop_reason": report.stop_reason,
+                   "enodes": report.nodes_after, "eclasses": report.classes_after},
+        "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
+        "rulesets": result.rulesets,
+        "rules": {k: {"applied": v.applied, "matches": v.matches, "seconds": round(v.seconds, 4)}
+                  for k, v in sorted(report.rules.items())},
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"{len(result.source.nodes)} nodes -> {len(result.graph.nodes)} nodes")
+    for col in ("op", "before", "after"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op, before, after in result.histogram_rows():
+        table.add_row(op, str(before), str(after))
+    console.print(table)
+    console.print(f"e-graph: {report.nodes_after} e-nodes in {report.classes_after} e-classes after "
+                  f"{report.iterations} iterations ({report.stop_reason}); rule sets: {', '.join(result.rulesets)}",
+                  markup=False)
+    console.print("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.seconds.items()), markup=False)
+    top = Table(title="top rules")
+    for col in ("rule", "applied", "matches", "seconds"):
+        top.add_column(col, justify="left" if col == "rule" else "right")
+    for name, stats in report.top_rules(10):
+        top.add_row(name, str(stats.applied), str(stats.matches), f"{stats.seconds:.3f}")
+    console.print(top)
+    if output is not None:
+        console.print(f"wrote {output}", markup=False)
+
+
+@rules_app.command("list")
+def rules_list(
+    files: Annotated[list[Path] | None, typer.Argument(help="Rule files (default: the shipped library).")] = None,
+) -> None:
+    """List rule sets and rules with their one-line descriptions."""
+    from egraft.rewrite.load import load_rules
+
+    try:
+        loaded = load_rules(files or [], include_shipped=not files)
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    table = Table(title="rules")
+    for col in ("set", "rule", "what it does", "where"):
+        table.add_column(col)
+    for f in loaded:
+        for r in f.rules:
+            table.add_row(f.ruleset, r.name, r.doc.splitlines()[0] if r.doc else "", str(r.loc))
+    console.print(table)

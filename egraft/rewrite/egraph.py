@@ -176,8 +176,6 @@ class EGraphState:
             return refs[v.name]
 
         for node in graph.nodes:
-            if any(isinstance(a, Graph) for a in node.attrs.values()):
-                raise NotImplementedError("subgraphs")  # handled by the caller (kept opaque)
             args = [ref_of(v) for v in node.inputs]
             outputs = [v for v in node.outputs]
             if len(outputs) == 1 and outputs[0] is not None:
