@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 from egraft.ir.registry import OpDef, all_ops, get_op
+from egraft.ir.types import DType
 from egraft.rewrite.ast import (
     EBinary,
     ECall,
@@ -46,12 +47,12 @@ __all__ = ["RuleError", "check_rule_file", "load_rules", "shipped_rule_files", "
 #: Functions a ``where`` clause can call.
 GUARD_FUNCTIONS = frozenset({
     "const", "rank", "shape", "dim", "dtype", "static", "numel", "value", "all_equal", "len",
-    "abs", "min", "max", "int", "float", "is_symbolic",
+    "range", "abs", "min", "max", "int", "float", "is_symbolic",
 })
 #: Functions a replacement can call (besides ops).
 REPLACEMENT_FUNCTIONS = GUARD_FUNCTIONS | {"fold"}
-#: Names that are constants in expressions: the dtypes.
-DTYPE_NAMES = frozenset({"f32", "f64", "f16", "bf16", "i8", "i16", "i32", "i64", "u8", "bool"})
+#: Names that are constants in expressions: the dtypes (``f32``, ``i64``, ``bool``...).
+DTYPE_NAMES = frozenset(d.short for d in DType)
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "rules"
 
@@ -320,8 +321,11 @@ def _check_attr(opdef: OpDef, name: str, opset: int, loc: Loc) -> None:
     if accepted is None or name in accepted:
         return
     close = difflib.get_close_matches(name, sorted(accepted), n=1)
-    hint = f"did you mean {close[0]!r}?" if close else (
-        f"{opdef.name} takes {', '.join(sorted(accepted))}" if accepted else f"{opdef.name} takes none")
+    if close:
+        hint = f"did you mean {close[0]!r}?"
+    else:
+        current = sorted(opdef.known_attrs(opset)) if opdef.is_standard else sorted(accepted)
+        hint = f"{opdef.name} takes {', '.join(current)}" if current else f"{opdef.name} takes no attributes"
     raise RuleError(f"unknown attribute {name!r} for {opdef.name} at opset {opset}; {hint}", loc)
 
 

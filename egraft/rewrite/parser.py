@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast as pyast
 import hashlib
 import math
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,8 @@ _TERMINAL_WORDS: dict[str, str] = {
     "$END": "the end of the file",
 }
 _OPERATORS = {"AND", "OR", "CMP_OP", "PLUS", "MINUS", "STAR", "SLASH", "PERCENT"}
+# The terminals an expression can start with (summed up as "an expression").
+_EXPRESSION_START = {"INT", "FLOAT", "STRING", "TRUE", "FALSE", "NAME", "QNAME", "_LPAR", "_LSQB", "MINUS", "NOT"}
 
 
 def parse_rules(text: str, path: str = "<string>") -> RuleFile:
@@ -224,14 +227,10 @@ def parse_rules(text: str, path: str = "<string>") -> RuleFile:
         if isinstance(e.orig_exc, RuleError):
             raise e.orig_exc from None
         raise
+    ruleset = ruleset or Path(path).stem
     lines = text.splitlines()
-    file_doc = _file_doc(lines)
-    rules = tuple(
-        Rule(r.name, ruleset or Path(path).stem, r.roots, r.guard, r.lets, r.results, r.loc,
-             _doc_above(lines, r.loc.line))
-        for r in rules
-    )
-    return RuleFile(path, ruleset or Path(path).stem, rules, file_doc, hashlib.sha256(text.encode()).hexdigest())
+    rules = tuple(replace(r, ruleset=ruleset, doc=_doc_above(lines, r.loc.line)) for r in rules)
+    return RuleFile(path, ruleset, rules, _file_doc(lines), hashlib.sha256(text.encode()).hexdigest())
 
 
 @cache
@@ -243,36 +242,36 @@ def _lark() -> Lark:
 def _syntax_error(e: UnexpectedInput, text: str, path: str) -> RuleError:
     if isinstance(e, UnexpectedCharacters):
         char = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
-        expected = _expected_words(e.allowed or set())
-        return RuleError(f"unexpected character {char!r}; expected {expected}", Loc(path, e.line, e.column))
+        return RuleError(f"unexpected character {char!r}; a rule file holds names, numbers, \"strings\", "
+                         "operators and ( ) [ ] { } , ; : = => ... (see docs/rules.md)", Loc(path, e.line, e.column))
     assert isinstance(e, UnexpectedToken)
     expected = _expected_words(e.accepts or e.expected)
-    if e.token.type == "$END":
-        line, col = _end_of_text(text)
+    if e.token.type == "$END":  # lark places it on the last token: point just after that token
+        line, col = e.token.end_line or 1, e.token.end_column or 1
         return RuleError(f"unexpected end of file; expected {expected}", Loc(path, line, col))
     what = {"NAME": "name ", "INT": "integer ", "FLOAT": "number ", "STRING": "string "}.get(e.token.type, "")
     return RuleError(f"unexpected {what}{str(e.token)!r}; expected {expected}", Loc(path, e.line, e.column))
 
 
 def _expected_words(terminals: set[str]) -> str:
-    words = sorted({_TERMINAL_WORDS.get(t, f"'{t.lower()}'") for t in terminals if t not in _OPERATORS})
+    """``{"_COMMA", "_RPAR"}`` -> ``"',' or ')'"``; the many terminals that can start an
+    expression or be an operator read as "an expression" and "an operator"."""
+    terminals = set(terminals)
+    words = []
+    if terminals >= _EXPRESSION_START - {"NOT"}:  # after a unary minus, 'not' cannot follow
+        terminals -= _EXPRESSION_START
+        words.append("an expression")
+    if "FLOAT" in terminals:
+        terminals.discard("INT")
     if terminals & _OPERATORS:
+        terminals -= _OPERATORS
         words.append("an operator")
+    words = sorted({_TERMINAL_WORDS.get(t, f"'{t.lower()}'") for t in terminals}) + words
     if len(words) == 1:
         return words[0]
     if len(words) == 2:
         return f"{words[0]} or {words[1]}"
     return "one of " + ", ".join(words[:-1]) + " or " + words[-1]
-
-
-def _end_of_text(text: str) -> tuple[int, int]:
-    """Line and column just after the last character that is not a comment or blank."""
-    lines = text.splitlines() or [""]
-    for i in range(len(lines) - 1, -1, -1):
-        code = lines[i].split("#", 1)[0].rstrip() if '"' not in lines[i] else lines[i].rstrip()
-        if code:
-            return i + 1, len(code) + 1
-    return 1, 1
 
 
 # ---- doc comments ----------------------------------------------------------------------
@@ -301,7 +300,7 @@ def _file_doc(lines: list[str]) -> str:
     end = start
     while end < len(lines) and _is_comment(lines[end]):
         end += 1
-    if end < len(lines) and lines[end].lstrip().startswith("rule") and lines[end].split()[0] == "rule":
+    if end < len(lines) and lines[end].split()[:1] == ["rule"]:
         return ""
     return "\n".join(_comment_text(x) for x in lines[start:end])
 
@@ -310,7 +309,8 @@ def _file_doc(lines: list[str]) -> str:
 def _literal_of_name(token: Token, loc: Loc) -> Any:
     if token in LITERAL_NAMES:
         return LITERAL_NAMES[token]
-    raise RuleError(f"{token!r} is not a literal; write a number, a string, true, false or a list", loc)
+    raise RuleError(f"{str(token)!r} is not a literal; write a number, a string, true, false, inf, nan "
+                    "or a list", loc)
 
 
 @v_args(meta=True)
@@ -352,9 +352,7 @@ class _Build(Transformer):
 
     def bound_root(self, meta, children):
         name, pattern = children
-        pattern = self.root(meta, [pattern])
-        return POp(pattern.op, pattern.args, pattern.loc, pattern.rest, pattern.attrs, pattern.attrs_rest,
-                   str(name), pattern.output, pattern.domain)
+        return replace(self.root(meta, [pattern]), bind=str(name))
 
     # patterns
     def pvar(self, meta, children):
