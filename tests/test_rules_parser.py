@@ -301,3 +301,10 @@ def test_shipped_rules_load():
     assert shipped_rule_files() == sorted(shipped_rule_files())
     assert all(p.suffix == ".rules" for p in shipped_rule_files())
     load_rules()
+
+
+def test_the_example_in_the_docs_is_the_tested_one():
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    section = docs.split("## An example, explained", 1)[1]
+    block = section.split("```\n", 2)[1]
+    assert block == EXAMPLE
