@@ -439,6 +439,7 @@ BUILTINS = {
     "all_equal": _all_equal,
     "is_symbolic": _is_symbolic,
     "len": lambda ev, x: len(x),
+    "range": lambda ev, n: list(range(int(n))),
     "abs": lambda ev, x: abs(x),
     "min": lambda ev, *x: min(_flat(x)),
     "max": lambda ev, *x: max(_flat(x)),

@@ -43,6 +43,10 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def _same_attrs(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+
+
 class Matcher:
     """Matches patterns against one snapshot. ``opset`` gives attribute defaults."""
 
@@ -116,6 +120,8 @@ class Matcher:
                 return
         if pattern.attrs_rest is not None:
             rest = {k: v for k, v in attrs.items() if k not in constrained}
+            if pattern.attrs_rest in base and not _same_attrs(base[pattern.attrs_rest], rest):
+                return  # the same capture twice: the attribute sets must be equal
             base[pattern.attrs_rest] = rest
         if pattern.rest is not None:
             base[pattern.rest] = [EClassId(c) for c in padded[len(args):] if c is not None]
