@@ -3,6 +3,7 @@
 from egraft.ir.ops import (  # noqa: F401
     control,
     elementwise,
+    fused,
     nn_dense,
     nn_spatial,
     quantize,

@@ -1030,3 +1030,14 @@ def _center_crop_pad(ctx, x, shape):
 
 register_op("CenterCropPad", infer=_center_crop_pad_infer, compute=_center_crop_pad,
             doc="center-crop or zero-pad the listed axes to the target shape")
+
+
+# ---- public entry points for ops built on Conv (the com.egraft FusedConv in fused.py) -------------
+def conv_infer(ctx) -> list[TensorType]:
+    """Conv's shape inference on inputs X, W, reading Conv's attributes from ``ctx``."""
+    return _conv_infer(ctx)
+
+
+def conv_compute(ctx, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> list[np.ndarray]:
+    """Conv's kernel (the result in ``x``'s dtype), reading Conv's attributes from ``ctx``."""
+    return _conv(ctx, x, w, b)
