@@ -148,13 +148,12 @@ class Matcher:
         if pattern.op is None:
             return sorted(self.snap.classes)
         found = {c for c, _ in self.snap.by_op.get(pattern.op, ())}
-        if pattern.output:
-            outs = set()
-            for c, n in self.snap.by_op.get(OUT, ()):
-                if n.children[0] in found:
-                    outs.add(c)
-            return sorted(outs)
-        return sorted(c for c in found if not self.snap.is_tuple(c))
+        direct = {c for c in found if not self.snap.is_tuple(c)} if pattern.output == 0 else set()
+        projections = set()  # the outputs of multi-output nodes: Out(i) of a tuple class
+        for c, n in self.snap.by_op.get(OUT, ()):
+            if n.children[0] in found and self.snap.attrs(n).get("index") == pattern.output:
+                projections.add(c)
+        return sorted(direct | projections)
 
     def match_rule(self, rule: Rule, limit: int | None = None) -> list[Subst]:
         """All substitutions for the rule's roots (at most ``limit``)."""

@@ -1,0 +1,164 @@
+"""The rewrite pipeline end to end: rule files in, equivalent (and smaller) programs out."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_onnxruntime, symbolic_batch_model
+from onnx import TensorProto, helper
+from typer.testing import CliRunner
+
+import egraft
+from egraft.cli import app
+from egraft.optimize import optimize
+from egraft.rewrite.engine import Budget
+from egraft.testing.models import (
+    LIGHT_MODELS,
+    backend_input,
+    light_model_path,
+    reweight,
+    scale_relative_error,
+    softmax_logits,
+    with_outputs,
+)
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_optimized_light_models_match_onnxruntime(name):
+    model = onnx.load(light_model_path(name))
+    reweighted = with_outputs(reweight(model, seed=4), softmax_logits(model))
+    feeds = backend_input(model)
+    reference = run_onnxruntime(reweighted, feeds)
+    result = optimize(egraft.load(reweighted))
+    result.graph.validate()
+    ours = result.graph.run(feeds)
+    assert len(result.graph.nodes) <= len(result.source.nodes)
+    for key, ref in reference.items():
+        assert scale_relative_error(ours[key], ref) <= 1e-3, key
+    exported = run_onnxruntime(egraft.to_onnx(result.graph), feeds)
+    for key, ref in reference.items():
+        assert scale_relative_error(exported[key], ref) <= 1e-3, key
+
+
+def test_resnet50_batchnorms_are_all_folded():
+    result = optimize(egraft.load(light_model_path("resnet50")))
+    before, after = result.source.op_histogram(), result.graph.op_histogram()
+    assert before["BatchNormalization"] == 53
+    assert "BatchNormalization" not in after
+    assert result.saturation.rules["fold_bn_into_conv_without_bias"].applied == 53
+    assert result.saturation.stop_reason == "saturated"
+
+
+def test_symbolic_model_keeps_its_symbols_and_specializes(tmp_path):
+    graph = egraft.load(symbolic_batch_model())
+    generic = optimize(graph)
+    assert str(generic.graph.outputs[0].type) == "f32[batch, 4]"
+    special = optimize(graph, bindings={"batch": 3})
+    assert str(special.graph.outputs[0].type) == "f32[3, 4]"
+    assert "Shape" not in special.graph.op_histogram()
+    x = np.random.default_rng(0).normal(size=(3, 2, 3)).astype(np.float32)
+    expected = run_onnxruntime(symbolic_batch_model(), {"x": x})["y"]
+    np.testing.assert_allclose(special.graph.run({"x": x})["y"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(generic.graph.run({"x": x})["y"], expected, rtol=1e-5, atol=1e-6)
+
+
+def _chain_model() -> onnx.ModelProto:
+    nodes = [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    return helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_user_rule_file_fires_and_changes_the_plan(tmp_path):
+    rules = tmp_path / "mine.rules"
+    rules.write_text("ruleset mine\n\n# -(-x) -> x\nrule double_negation:\n    Neg(Neg(x)) => x\n")
+    graph = egraft.load(_chain_model())
+    result = optimize(graph, [rules])
+    assert result.saturation.rules["double_negation"].applied >= 1
+    assert [n.op for n in result.graph.nodes] == ["Relu"]
+    x = np.linspace(-2, 2, 5).astype(np.float32)
+    np.testing.assert_allclose(result.graph.run({"x": x})["y"], np.maximum(x, 0))
+    off = optimize(graph, [rules], rules_off=["mine"])
+    assert [n.op for n in off.graph.nodes] == ["Neg", "Neg", "Relu"]
+
+
+def test_cli_optimize_with_rules_writes_a_model(tmp_path):
+    rules = tmp_path / "mine.rules"
+    rules.write_text("ruleset mine\nrule double_negation:\n    Neg(Neg(x)) => x\n")
+    src = tmp_path / "chain.onnx"
+    src.write_bytes(_chain_model().SerializeToString())
+    out = tmp_path / "out.onnx"
+    runner = CliRunner()
+    result = runner.invoke(app, ["optimize", str(src), "--rules", str(rules), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "double_negation" in result.output and "3 nodes -> 1 nodes" in result.output
+    x = np.linspace(-2, 2, 5).astype(np.float32)
+    np.testing.assert_allclose(run_onnxruntime(onnx.load(out), {"x": x})["y"], np.maximum(x, 0))
+    again = runner.invoke(app, ["optimize", str(src), "--rules", str(rules), "-o", str(out)])
+    assert again.exit_code == 2 and "exists; pass --force" in again.output
+
+
+def test_cli_reports_a_rule_file_error_with_its_location(tmp_path):
+    rules = tmp_path / "bad.rules"
+    rules.write_text("ruleset bad\nrule typo:\n    Rleu(x) => x\n")
+    result = CliRunner().invoke(app, ["optimize", "squeezenet", "--rules", str(rules)])
+    assert result.exit_code == 2
+    assert f"{rules}:3:5: unknown op 'Rleu'" in result.output
+
+
+def _long_sum_model(n: int) -> onnx.ModelProto:
+    names = [f"x{i}" for i in range(n)]
+    nodes, acc = [], names[0]
+    for i, name in enumerate(names[1:]):
+        nodes.append(helper.make_node("Add", [acc, name], [f"s{i}"]))
+        acc = f"s{i}"
+    return helper.make_model(helper.make_graph(
+        nodes, "sum", [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4]) for x in names],
+        [helper.make_tensor_value_info(acc, TensorProto.FLOAT, [4])]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_exploding_rules_stop_at_the_budget_with_a_correct_plan(tmp_path):
+    rules = tmp_path / "ac.rules"
+    rules.write_text("ruleset ac\n"
+                     "# a + b -> b + a\nrule add_commute:\n    Add(a, b) => Add(b, a)\n"
+                     "# (a + b) + c -> a + (b + c)\nrule add_assoc:\n    Add(Add(a, b), c) => Add(a, Add(b, c))\n")
+    model = _long_sum_model(10)
+    graph = egraft.load(model)
+    result = optimize(graph, [rules], include_shipped=False,
+                      budget=Budget(iterations=50, max_nodes=4000, seconds=20, match_limit=200))
+    assert result.saturation.stop_reason in ("node limit", "time limit", "iteration limit")
+    assert result.saturation.rules["add_assoc"].banned + result.saturation.rules["add_commute"].banned > 0
+    feeds = {f"x{i}": np.full(4, float(i + 1), np.float32) for i in range(10)}
+    out = result.graph.run(feeds)[graph.outputs[0].name]
+    np.testing.assert_allclose(out, np.full(4, 55.0))
+    assert len(result.graph.nodes) == 9
+
+
+def test_resnet50_conv_relu_and_residuals_are_fused():
+    result = optimize(egraft.load(light_model_path("resnet50")))
+    after = result.graph.op_histogram()
+    assert "Relu" not in after and "Sum" not in after and "BatchNormalization" not in after
+    assert after["FusedConv"] == 49
+    residual = [n for n in result.graph.nodes if n.op == "FusedConv" and len(n.inputs) == 4]
+    assert len(residual) == 16
+
+
+def test_encoder_layernorm_gelu_and_attention_are_recognized():
+    from egraft.testing.encoder import encoder_inputs, encoder_model
+
+    model = encoder_model()
+    result = optimize(egraft.load(model))
+    after = result.graph.op_histogram()
+    assert after["LayerNorm"] == 5 and after["Gelu"] == 2 and after["Attention"] == 2
+    for op in ("Softmax", "Erf", "Sqrt", "ReduceMean", "LayerNormalization"):
+        assert op not in after, op
+    assert str(result.graph.outputs[0].type) == "f32[batch, seq, 32]"
+    feeds = encoder_inputs(2, 9)
+    reference = run_onnxruntime(model, feeds, exact=True)
+    ours = result.graph.run(feeds)
+    exported = run_onnxruntime(egraft.to_onnx(result.graph), feeds, exact=True)
+    for key, ref in reference.items():
+        assert scale_relative_error(ours[key], ref) <= 1e-4, key
+        assert scale_relative_error(exported[key], ref) <= 1e-4, key
