@@ -107,6 +107,11 @@ def dims_equal(a: Dim, b: Dim) -> bool:
     return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
+def dims_conflict(a: Dim, b: Dim) -> bool:
+    """True when two dims are provably different (both known integers that differ)."""
+    return isinstance(a, int) and isinstance(b, int) and a != b
+
+
 class BroadcastError(ValueError):
     """Two shapes that numpy-style broadcasting cannot combine."""
 

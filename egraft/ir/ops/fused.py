@@ -29,9 +29,10 @@ import onnx
 from onnx import helper, numpy_helper
 from scipy.special import erf, expit
 
-from egraft.ir.dims import BroadcastError, Dim, broadcast_shapes
+from egraft.ir.dims import BroadcastError, broadcast_shapes, dims_conflict
 from egraft.ir.dtypes import DType
 from egraft.ir.ops._common import fail, normalize_axis
+from egraft.ir.ops.nn_dense import matmul_shape
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
 from egraft.ir.types import TensorType
@@ -108,11 +109,6 @@ def _activation_attrs() -> dict[str, AttrSpec]:
 
 
 # ---- inference helpers ------------------------------------------------------------------------
-def _dims_conflict(a: Dim, b: Dim) -> bool:
-    """True when two dims are provably different (both known integers that differ)."""
-    return isinstance(a, int) and isinstance(b, int) and a != b
-
-
 def _check_floats(ctx: InferContext) -> DType:
     """Every given input is a float tensor of input 0's dtype; returns that dtype."""
     dtype = ctx.types[0].dtype
@@ -137,7 +133,7 @@ def _check_addend(ctx: InferContext, index: int, out: tuple | None, what: str) -
         return
     shape = ctx.types[index].shape
     ok = len(shape) <= len(out) and all(
-        (isinstance(s, int) and s == 1) or not _dims_conflict(s, o) for s, o in zip(reversed(shape), reversed(out)))
+        (isinstance(s, int) and s == 1) or not dims_conflict(s, o) for s, o in zip(reversed(shape), reversed(out)))
     if not ok:
         raise fail(ctx, f"{what} of shape {list(shape)} does not broadcast to the result shape {list(out)}")
 
@@ -147,20 +143,6 @@ def _broadcast(ctx: InferContext, *shapes: tuple) -> tuple:
         return broadcast_shapes(*shapes)
     except BroadcastError as e:
         raise fail(ctx, f"batch dims do not broadcast: {e}") from None
-
-
-def _matmul_shape(ctx: InferContext, a: tuple, b: tuple) -> tuple:
-    """The numpy-matmul result shape of ``a @ b`` over symbolic dims (1-D operands included)."""
-    if len(a) == 0 or len(b) == 0:
-        raise fail(ctx, "matrix product operands must have rank >= 1")
-    a2 = (1, *a) if len(a) == 1 else tuple(a)
-    b2 = (*b, 1) if len(b) == 1 else tuple(b)
-    if _dims_conflict(a2[-1], b2[-2]):
-        raise fail(ctx, f"inner dims differ: {list(a)} @ {list(b)}")
-    batch = _broadcast(ctx, a2[:-2], b2[:-2])
-    rows = () if len(a) == 1 else (a2[-2],)
-    cols = () if len(b) == 1 else (b2[-1],)
-    return (*batch, *rows, *cols)
 
 
 # ---- compute helpers ----------------------------------------------------------------------------
@@ -291,7 +273,7 @@ def _fused_conv_infer(ctx: InferContext) -> list[TensorType]:
     out = conv_infer(ctx)[0]
     if ctx.has_input(2) and ctx.types[2].shape is not None:
         b = ctx.types[2].shape
-        if len(b) != 1 or (out.shape is not None and _dims_conflict(b[0], out.shape[1])):
+        if len(b) != 1 or (out.shape is not None and dims_conflict(b[0], out.shape[1])):
             raise fail(ctx, f"the bias has shape {list(b)}; it must be 1-D with one entry per output channel")
     _check_addend(ctx, 3, out.shape, "Z")
     return [out]
@@ -338,7 +320,7 @@ def _fused_gemm_infer(ctx: InferContext) -> list[TensorType]:
         raise fail(ctx, f"A and B must be 2-D, got shapes {list(a)} and {list(b)}")
     m, k1 = (a[1], a[0]) if ctx.attr("transA", 0) else (a[0], a[1])
     k2, n = (b[1], b[0]) if ctx.attr("transB", 0) else (b[0], b[1])
-    if _dims_conflict(k1, k2):
+    if dims_conflict(k1, k2):
         raise fail(ctx, f"inner dims differ: A {list(a)}, B {list(b)} (transA={ctx.attr('transA', 0)}, "
                         f"transB={ctx.attr('transB', 0)})")
     _check_addend(ctx, 2, (m, n), "C")
@@ -394,7 +376,7 @@ def _fused_matmul_infer(ctx: InferContext) -> list[TensorType]:
     a, b = ctx.types[0].shape, ctx.types[1].shape
     if a is None or b is None:
         return [TensorType(dtype, None)]
-    out = _matmul_shape(ctx, a, b)
+    out = matmul_shape(ctx, a, b)
     _check_addend(ctx, 2, out, "bias")
     _check_addend(ctx, 3, out, "Z")
     return [TensorType(dtype, out)]
@@ -501,9 +483,9 @@ def _attention_infer(ctx: InferContext) -> list[TensorType]:
         return [TensorType(dtype, None)]
     if min(len(q), len(kt), len(v)) < 2:
         raise fail(ctx, f"Q, Kt and V must have rank >= 2, got shapes {list(q)}, {list(kt)} and {list(v)}")
-    if _dims_conflict(q[-1], kt[-2]):
+    if dims_conflict(q[-1], kt[-2]):
         raise fail(ctx, f"Q [..., S, D] of shape {list(q)} and Kt [..., D, T] of shape {list(kt)} differ in D")
-    if _dims_conflict(kt[-1], v[-2]):
+    if dims_conflict(kt[-1], v[-2]):
         raise fail(ctx, f"Kt [..., D, T] of shape {list(kt)} and V [..., T, Dv] of shape {list(v)} differ in T")
     scores = (*_broadcast(ctx, q[:-2], kt[:-2]), q[-2], kt[-1])
     _check_addend(ctx, 3, scores, "the mask")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import sympy
 
-from egraft.ir.dims import BroadcastError, Dim, broadcast_dim, broadcast_shapes, simplify_dim
+from egraft.ir.dims import BroadcastError, Dim, broadcast_dim, broadcast_shapes, dims_conflict, simplify_dim
 from egraft.ir.dtypes import DType
 from egraft.ir.ops._common import fail, normalize_axis, require_shape
 from egraft.ir.registry import InferContext, register_op
@@ -51,23 +51,18 @@ def _stash_dtype(stash_type: int) -> np.dtype:
     return np.dtype(np.float32) if dtype is DType.BFLOAT16 else dtype.numpy
 
 
-def _dims_conflict(a: Dim, b: Dim) -> bool:
-    """True when two dims are provably different (both known integers that differ)."""
-    return isinstance(a, int) and isinstance(b, int) and a != b
-
-
 def _unknown_rank(dtype: DType) -> list[TensorType]:
     return [TensorType(dtype, None)]
 
 
 # ---- MatMul, MatMulInteger ----------------------------------------------------------------
-def _matmul_shape(ctx: InferContext, a: tuple, b: tuple) -> tuple:
+def matmul_shape(ctx: InferContext, a: tuple, b: tuple) -> tuple:
     """The numpy-matmul result shape of ``a @ b`` over symbolic dims."""
     if len(a) == 0 or len(b) == 0:
         raise fail(ctx, "MatMul inputs must have rank >= 1")
     a2 = (1, *a) if len(a) == 1 else tuple(a)
     b2 = (*b, 1) if len(b) == 1 else tuple(b)
-    if _dims_conflict(a2[-1], b2[-2]):
+    if dims_conflict(a2[-1], b2[-2]):
         raise fail(ctx, f"inner dims differ: {list(a)} @ {list(b)}")
     try:
         batch = broadcast_shapes(a2[:-2], b2[:-2])
@@ -82,7 +77,7 @@ def _matmul_infer(ctx: InferContext) -> list[TensorType]:
     a, b = ctx.types[0], ctx.types[1]
     if a.shape is None or b.shape is None:
         return _unknown_rank(a.dtype)
-    return [TensorType(a.dtype, _matmul_shape(ctx, a.shape, b.shape))]
+    return [TensorType(a.dtype, matmul_shape(ctx, a.shape, b.shape))]
 
 
 def _matmul(ctx, a, b):
@@ -98,7 +93,7 @@ def _matmul_integer_infer(ctx: InferContext) -> list[TensorType]:
     a, b = ctx.types[0], ctx.types[1]
     if a.shape is None or b.shape is None:
         return _unknown_rank(DType.INT32)
-    return [TensorType(DType.INT32, _matmul_shape(ctx, a.shape, b.shape))]
+    return [TensorType(DType.INT32, matmul_shape(ctx, a.shape, b.shape))]
 
 
 def _a_zero_point(zp: np.ndarray | None, a: np.ndarray) -> np.ndarray | int:
@@ -129,7 +124,7 @@ def _gemm_infer(ctx: InferContext) -> list[TensorType]:
         raise fail(ctx, f"Gemm needs 2-D A and B, got shapes {list(a)} and {list(b)}")
     m, k1 = (a[1], a[0]) if ctx.attr("transA", 0) else (a[0], a[1])
     k2, n = (b[1], b[0]) if ctx.attr("transB", 0) else (b[0], b[1])
-    if _dims_conflict(k1, k2):
+    if dims_conflict(k1, k2):
         raise fail(ctx, f"inner dims differ: A {list(a)}, B {list(b)} (transA={ctx.attr('transA', 0)}, "
                         f"transB={ctx.attr('transB', 0)})")
     if ctx.has_input(2) and ctx.types[2].shape is not None:
@@ -140,13 +135,13 @@ def _gemm_infer(ctx: InferContext) -> list[TensorType]:
 def _check_gemm_c(ctx: InferContext, c: tuple, out: tuple) -> None:
     """C must broadcast unidirectionally to (M, N); before opset 7 without ``broadcast``, equal it."""
     if ctx.opset < 7 and not ctx.attr("broadcast", 0):
-        if len(c) != 2 or any(_dims_conflict(x, y) for x, y in zip(c, out)):
+        if len(c) != 2 or any(dims_conflict(x, y) for x, y in zip(c, out)):
             raise fail(ctx, f"C has shape {list(c)} but must be {list(out)} when broadcast=0")
         return
     if len(c) > 2:
         raise fail(ctx, f"C has rank {len(c)}; it must broadcast to {list(out)}")
     for x, y in zip(reversed(c), reversed(out)):
-        if not (isinstance(x, int) and x == 1) and _dims_conflict(x, y):
+        if not (isinstance(x, int) and x == 1) and dims_conflict(x, y):
             raise fail(ctx, f"C of shape {list(c)} does not broadcast to {list(out)}")
 
 
@@ -365,7 +360,7 @@ def _bn_infer(ctx: InferContext) -> list[TensorType]:
         channels = x.shape[1] if len(x.shape) > 1 else 1
         for i in range(1, 5):
             shape = ctx.types[i].shape
-            if shape is not None and len(shape) == 1 and _dims_conflict(shape[0], channels):
+            if shape is not None and len(shape) == 1 and dims_conflict(shape[0], channels):
                 raise fail(ctx, f"input {i} has shape {list(shape)} but X has {channels} channels")
     stats = ctx.types[3] if ctx.opset >= 15 else ctx.types[3].with_dtype(x.dtype)
     return [x] + [stats] * (ctx.num_outputs - 1)
@@ -516,7 +511,7 @@ def _group_norm_infer(ctx: InferContext) -> list[TensorType]:
     want = channels if ctx.opset >= 21 else groups
     for i in (1, 2):
         shape = ctx.types[i].shape
-        if shape is not None and (len(shape) != 1 or _dims_conflict(shape[0], want)):
+        if shape is not None and (len(shape) != 1 or dims_conflict(shape[0], want)):
             raise fail(ctx, f"input {i} has shape {list(shape)}, expected [{want}] at opset {ctx.opset}")
     return [x]
 
@@ -665,7 +660,7 @@ def _attention_infer(ctx: InferContext) -> list[TensorType]:
     kv_heads = k4[1]
     if isinstance(q_heads, int) and isinstance(kv_heads, int) and q_heads % kv_heads:
         raise fail(ctx, f"{q_heads} query heads do not group over {kv_heads} key/value heads")
-    if _dims_conflict(q4[3], k4[3]):
+    if dims_conflict(q4[3], k4[3]):
         raise fail(ctx, f"Q and K head sizes differ: {q4[3]} and {k4[3]}")
     total = k4[2]
     if ctx.has_input(4) != ctx.has_input(5):
