@@ -12,7 +12,6 @@ all constants with the reference kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,26 +25,13 @@ from egraft.ir.infer import FreshDims, infer_node
 from egraft.ir.registry import RunContext, get_op
 from egraft.ir.types import TensorType
 from egraft.rewrite.ast import EBinary, ECall, EIndex, EList, ELit, EUnary, EVar, Rule
+from egraft.rewrite.builtins import BUILTINS, DTYPE_NAMES, GuardFailed, Handle
 from egraft.rewrite.egraph import CONST, EGraphState, Snapshot, value_name
 from egraft.rewrite.match import ROOT, EClassId, Subst
 
 
-class GuardFailed(Exception):
-    """A guard could not be evaluated (e.g. ``dim`` of an unknown rank): the match is skipped."""
-
-
 class ReplacementFailed(Exception):
     """The replacement could not be built (inference refused it, or its type differs)."""
-
-
-@dataclass(frozen=True)
-class Handle:
-    """A tensor in a replacement: an e-class handle (``T.ref``)."""
-
-    ref: int
-
-
-DTYPE_NAMES = {d.short: d for d in DType}
 
 
 class Evaluator:
@@ -366,83 +352,3 @@ def _schema_inputs(op: str, domain: str, opset: int) -> list[str]:
         return []
 
 
-# ---- guard builtins ------------------------------------------------------------------------
-def _flat(args):
-    for a in args:
-        if isinstance(a, list):
-            yield from a
-        else:
-            yield a
-
-
-def _const(ev: Evaluator, *args) -> bool:
-    return all(isinstance(h, Handle) and ev.const_of(h) is not None for h in _flat(args))
-
-
-def _rank(ev: Evaluator, x) -> int:
-    t = ev.type_of(x)
-    if t.shape is None:
-        raise GuardFailed("unknown rank")
-    return len(t.shape)
-
-
-def _shape(ev: Evaluator, x) -> list:
-    t = ev.type_of(x)
-    if t.shape is None:
-        raise GuardFailed("unknown rank")
-    return list(t.shape)
-
-
-def _dim(ev: Evaluator, x, i: int):
-    return _shape(ev, x)[i]
-
-
-def _dtype(ev: Evaluator, x) -> DType:
-    return ev.type_of(x).dtype
-
-
-def _static(ev: Evaluator, *xs) -> bool:
-    return all(ev.type_of(x).is_static for x in _flat(xs))
-
-
-def _numel(ev: Evaluator, x):
-    from egraft.ir.dims import dim_product
-
-    return dim_product(_shape(ev, x))
-
-
-def _value_of(ev: Evaluator, x) -> np.ndarray:
-    v = ev.const_of(x)
-    if v is None:
-        raise GuardFailed("not a constant")
-    return v
-
-
-def _all_equal(ev: Evaluator, x, number) -> bool:
-    v = ev.const_of(x) if isinstance(x, Handle) else np.asarray(x)
-    return v is not None and v.size > 0 and bool(np.all(v == number))
-
-
-def _is_symbolic(ev: Evaluator, x) -> bool:
-    return not ev.type_of(x).is_static
-
-
-BUILTINS = {
-    "const": _const,
-    "rank": _rank,
-    "shape": _shape,
-    "dim": _dim,
-    "dtype": _dtype,
-    "static": _static,
-    "numel": _numel,
-    "value": _value_of,
-    "all_equal": _all_equal,
-    "is_symbolic": _is_symbolic,
-    "len": lambda ev, x: len(x),
-    "range": lambda ev, n: list(range(int(n))),
-    "abs": lambda ev, x: abs(x),
-    "min": lambda ev, *x: min(_flat(x)),
-    "max": lambda ev, *x: max(_flat(x)),
-    "int": lambda ev, x: int(x),
-    "float": lambda ev, x: float(x),
-}

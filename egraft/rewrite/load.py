@@ -23,7 +23,6 @@ from functools import cache
 from pathlib import Path
 
 from egraft.ir.registry import OpDef, all_ops, get_op
-from egraft.ir.types import DType
 from egraft.rewrite.ast import (
     EBinary,
     ECall,
@@ -39,20 +38,19 @@ from egraft.rewrite.ast import (
     Rule,
     RuleFile,
 )
+from egraft.rewrite.builtins import BUILTINS
+from egraft.rewrite.builtins import DTYPE_NAMES as BUILTIN_DTYPES
 from egraft.rewrite.parser import LITERAL_NAMES, RuleError, parse_rules
 
 __all__ = ["RuleError", "check_rule_file", "load_rules", "shipped_rule_files", "GUARD_FUNCTIONS",
            "REPLACEMENT_FUNCTIONS", "DTYPE_NAMES"]
 
-#: Functions a ``where`` clause can call.
-GUARD_FUNCTIONS = frozenset({
-    "const", "rank", "shape", "dim", "dtype", "static", "numel", "value", "all_equal", "len",
-    "range", "abs", "min", "max", "int", "float", "is_symbolic",
-})
+#: Functions a ``where`` clause can call (the evaluator's table).
+GUARD_FUNCTIONS = frozenset(BUILTINS)
 #: Functions a replacement can call (besides ops).
 REPLACEMENT_FUNCTIONS = GUARD_FUNCTIONS | {"fold"}
 #: Names that are constants in expressions: the dtypes (``f32``, ``i64``, ``bool``...).
-DTYPE_NAMES = frozenset(d.short for d in DType)
+DTYPE_NAMES = frozenset(BUILTIN_DTYPES)
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "rules"
 
