@@ -134,7 +134,7 @@ class EGraphState:
     @staticmethod
     def _list(refs: list[int]) -> str:
         text = _NIL
-        for r in refs:
+        for r in reversed(refs):  # the first argument is the outermost cell
             text = f"({_CONS} {text} ({_REF} {r}))"
         return text
 
