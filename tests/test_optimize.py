@@ -162,3 +162,14 @@ def test_encoder_layernorm_gelu_and_attention_are_recognized():
     for key, ref in reference.items():
         assert scale_relative_error(ours[key], ref) <= 1e-4, key
         assert scale_relative_error(exported[key], ref) <= 1e-4, key
+
+
+def test_plans_are_deterministic():
+    from egraft.testing.encoder import encoder_model
+
+    for model in (onnx.load(light_model_path("inception_v1")), encoder_model()):
+        first = optimize(egraft.load(model))
+        second = optimize(egraft.load(model))
+        assert str(first.graph) == str(second.graph)
+        assert {k: v.applied for k, v in first.saturation.rules.items()} == \
+            {k: v.applied for k, v in second.saturation.rules.items()}
