@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.types import TensorType
 from egraft.rewrite.egraph import ABSENT, CONST, INPUT, OUT, ENode, Snapshot
 
 FREE_OPS = (CONST, INPUT, OUT, ABSENT)
@@ -43,12 +44,33 @@ def extract_graph(snapshot: Snapshot, cost: Callable[[ENode], float] = node_coun
                   name: str | None = None) -> Graph:
     """Rebuild the cheapest program for the source graph's outputs as an IR graph."""
     state = snapshot.state
+    outputs = [(snapshot.ref_class[state.output_refs[i]], v.name, v.type) for i, v in enumerate(state.source.outputs)]
+    return _rebuild(snapshot, outputs, cost, name)
+
+
+def extract_refs(snapshot: Snapshot, refs: list[int], names: list[str],
+                 cost: Callable[[ENode], float] = node_count_cost, name: str | None = None) -> Graph:
+    """Rebuild the cheapest program for the e-classes of the handles ``refs``, whose
+    outputs are named ``names``; the graph takes every input of the source graph.
+
+    Example:
+        >>> g = extract_refs(state.snapshot(), [root_ref, new_ref], ["before", "after"])  # doctest: +SKIP
+        >>> g.run(feeds)["after"]                                                         # doctest: +SKIP
+    """
+    outputs = [(snapshot.ref_class[r], n, snapshot.state.ref_types[r]) for r, n in zip(refs, names, strict=True)]
+    return _rebuild(snapshot, outputs, cost, name)
+
+
+def _rebuild(snapshot: Snapshot, outputs: list[tuple[int, str, TensorType]],
+             cost: Callable[[ENode], float], name: str | None) -> Graph:
+    """The cheapest program computing the e-classes of ``outputs`` (class, name, type)."""
+    state = snapshot.state
     source = state.source
     chosen = choose(snapshot, cost)
     graph = Graph(name or source.name, [], [], [], constants=state.constants, opsets=dict(state.opsets))
     values: dict[int, Value | list] = {}
     counter = [0]
-    output_names = {snapshot.ref_class[state.output_refs[i]]: v.name for i, v in enumerate(source.outputs)}
+    output_names = {c: out_name for c, out_name, _ in outputs}
     for v in source.inputs:
         c = snapshot.ref_class[state.input_refs[v.name]]
         values[c] = v
@@ -103,11 +125,10 @@ def extract_graph(snapshot: Snapshot, cost: Callable[[ENode], float] = node_coun
         graph.nodes.append(Node(n.op, inputs, (out,), dict(snapshot.attrs(n)), origin(c), n.domain))
         return out
 
-    for i, v in enumerate(source.outputs):
-        c = snapshot.ref_class[state.output_refs[i]]
+    for c, out_name, out_type in outputs:
         out = build(c)
-        if out.name != v.name:  # an output that is also an input or another output
-            alias = Value(v.name, v.type)
+        if out.name != out_name:  # an output that is also an input or another output
+            alias = Value(out_name, out_type)
             graph.nodes.append(Node("Identity", (out,), (alias,)))
             out = alias
         graph.outputs.append(out)
