@@ -113,3 +113,122 @@ BUILTINS = {
     "int": lambda ev, x: int(x),
     "float": lambda ev, x: float(x),
 }
+
+
+# ---- algebra and specialization builtins (egraft/rules/algebra.rules, specialization.rules) ----------
+import weakref  # noqa: E402  (appended section: the table above is append-only)
+
+
+def _before(ev: Evaluator, a, b) -> bool:
+    """``a``'s e-class comes before ``b``'s in a fixed order (their handles): a multi-root rule over
+    two interchangeable roots applies once per pair instead of twice. ``before(p, q)``."""
+    if not isinstance(a, Handle) or not isinstance(b, Handle):
+        raise GuardFailed("before() compares two tensors")
+    return a.ref < b.ref
+
+
+def _original_classes(ev: Evaluator) -> frozenset[int]:
+    """The e-classes of the current snapshot that hold a tensor of the source model: a node's
+    output, a graph input or an initializer (cached per snapshot)."""
+    snap = ev.snap
+    cached = _ORIGINAL_CLASSES.get(snap)
+    if cached is None:
+        state = ev.state
+        source_consts = {v.const for n in state.source.nodes for v in (*n.inputs, *n.outputs)
+                         if v is not None and v.const is not None}
+        refs = [*state.ref_origin, *state.input_refs.values()]
+        classes = {snap.ref_class[r] for r in refs if r in snap.ref_class}
+        classes.update(c for c, key in snap.const_class.items() if key in source_consts)
+        cached = frozenset(classes)
+        _ORIGINAL_CLASSES[snap] = cached
+    return cached
+
+
+def _original(ev: Evaluator, *xs) -> bool:
+    """Every argument's e-class holds a tensor of the source model (a node's output, an input or
+    an initializer), not only terms that rules built: ``original(w1, w2)`` holds for a model's own
+    weights, not for weights that folding scaled or that a merge concatenated."""
+    classes = _original_classes(ev)
+    return all(isinstance(h, Handle) and ev.snap.ref_class.get(h.ref) in classes for h in _flat(xs))
+
+
+def _descendants(ev: Evaluator) -> dict[int, int]:
+    """For each e-class of the current snapshot, the bitset of the e-classes that some e-node
+    below it reads (cached per snapshot; a cycle is cut where the walk meets it)."""
+    snap = ev.snap
+    cached = _DESCENDANTS.get(snap)
+    if cached is not None:
+        return cached
+    below: dict[int, int] = {}
+    for root in snap.classes:
+        if root in below:
+            continue
+        stack = [(root, False)]
+        while stack:
+            c, done = stack.pop()
+            if done:
+                bits = 0
+                for n in snap.classes.get(c, ()):
+                    for ch in n.children:
+                        bits |= (1 << ch) | below.get(ch, 0)
+                below[c] = bits
+                continue
+            if c in below:
+                continue
+            below[c] = 0  # on the stack: a cycle back here reads no further
+            stack.append((c, True))
+            stack.extend((ch, False) for n in snap.classes.get(c, ()) for ch in n.children if ch not in below)
+    _DESCENDANTS[snap] = below
+    return below
+
+
+def _independent(ev: Evaluator, a, b) -> bool:
+    """Neither tensor is computed from the other (no e-node below one reads the other), so
+    both are needed: ``independent(p, q)`` tells two parallel ops from a chain."""
+    if not isinstance(a, Handle) or not isinstance(b, Handle):
+        raise GuardFailed("independent() compares two tensors")
+    ca, cb = ev.snap.ref_class[a.ref], ev.snap.ref_class[b.ref]
+    below = _descendants(ev)
+    return ca != cb and not (below[ca] >> cb) & 1 and not (below[cb] >> ca) & 1
+
+
+def _get(ev: Evaluator, attrs, name: str, default):
+    """The value of attribute ``name`` in a captured attribute set, else ``default``:
+    ``get(attrs, "strides", [1, 1]) == [1, 1]``."""
+    if not isinstance(attrs, dict):
+        raise GuardFailed("get() reads a captured attribute set ({attrs})")
+    value = attrs.get(name)
+    return default if value is None else value
+
+
+_ORIGINAL_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_DESCENDANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+BUILTINS["before"] = _before
+BUILTINS["original"] = _original
+BUILTINS["independent"] = _independent
+BUILTINS["get"] = _get
+
+
+# ---- Elementwise bodies (com.egraft::Elementwise) ------------------------------------------
+def _shift_inputs(ev: Evaluator, expr: str, offset) -> str:
+    """``expr`` with every input ``xi`` renamed ``x(i + offset)`` (to append another body's inputs)."""
+    import re
+
+    return re.sub(r"\bx(\d+)\b", lambda m: f"x{int(m.group(1)) + int(offset)}", expr)
+
+
+def _str(ev: Evaluator, value) -> str:
+    """A number or name as text, for building Elementwise bodies (``"x" + str(len(xs))``)."""
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+BUILTINS["shift_inputs"] = _shift_inputs
+BUILTINS["str"] = _str
+
+
+def _is_float(ev: Evaluator, *xs) -> bool:
+    """True when every tensor has a floating-point dtype."""
+    return all(ev.type_of(x).dtype.is_float for x in _flat(xs))
+
+
+BUILTINS["is_float"] = _is_float

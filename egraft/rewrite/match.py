@@ -53,6 +53,7 @@ class Matcher:
     def __init__(self, snapshot: Snapshot, opset: int):
         self.snap = snapshot
         self.opset = opset
+        self._parents: dict[int, set[int]] | None = None
 
     # ---- single patterns ----------------------------------------------------------------
     def match_class(self, pattern, c: int, subst: Subst) -> Iterator[Subst]:
@@ -155,18 +156,46 @@ class Matcher:
                 projections.add(c)
         return sorted(direct | projections)
 
+    def parents(self, c: int) -> set[int]:
+        """The e-classes with an e-node that takes e-class ``c`` as an input."""
+        if self._parents is None:
+            self._parents = {}
+            for cls, enodes in self.snap.classes.items():
+                for n in enodes:
+                    for ch in n.children:
+                        self._parents.setdefault(ch, set()).add(cls)
+        return self._parents.get(c, set())
+
+    def _join_candidates(self, root: POp, candidates: list[int], subst: Subst) -> list[int]:
+        """``candidates`` (sorted) of a later root, narrowed to the parents of an input that an
+        earlier root bound (a multi-root rule joins on it) instead of every e-node of the op."""
+        if root.output != 0:
+            return candidates
+        for arg in root.args:
+            bound = subst.get(arg.name) if isinstance(arg, PVar) else None
+            if isinstance(bound, EClassId):
+                users = set(self.parents(bound))
+                for tup in [c for c in users if self.snap.is_tuple(c)]:
+                    users |= self.parents(tup)  # output 0 of a multi-output node (through Out)
+                return sorted(users.intersection(candidates))
+        return candidates
+
     def match_rule(self, rule: Rule, limit: int | None = None) -> list[Subst]:
         """All substitutions for the rule's roots (at most ``limit``)."""
         results: list[Subst] = []
+        root_candidates = [self.candidates(root) for root in rule.roots]
 
         def extend(i: int, subst: Subst) -> bool:
             if i == len(rule.roots):
                 results.append(subst)
                 return limit is not None and len(results) >= limit
             root = rule.roots[i]
-            for c in self.candidates(root):
+            candidates = root_candidates[i] if i == 0 else self._join_candidates(root, root_candidates[i], subst)
+            for c in candidates:
                 if any(subst.get(ROOT.format(j)) == c for j in range(i)):
                     continue  # two roots of one match are different nodes
+                if len(rule.roots) == 1 and c in self.snap.const_class:
+                    continue  # a constant e-class costs nothing: no rewrite can improve it
                 for s in self.match_class(root, c, subst):
                     s = dict(s)
                     s[ROOT.format(i)] = EClassId(c)

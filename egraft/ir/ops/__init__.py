@@ -10,4 +10,5 @@ from egraft.ir.ops import (  # noqa: F401
     recurrent,
     reduce_index,
     shape,
+    winograd,
 )

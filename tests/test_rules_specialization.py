@@ -1,0 +1,226 @@
+"""Specialization: the Winograd F(2x2, 3x3) ops (egraft/ir/ops/winograd.py) against onnxruntime's Conv,
+the rules that offer them (egraft/rules/specialization.rules), and binding symbolic dims, after which
+the shape arithmetic folds away.
+
+Example: the Winograd kernel against the reference convolution::
+
+    y = winograd_graph(types, attrs).run(feeds)["y"]        # WinogradConv(x, w, U, b)
+    scale_relative_error(y, ort(conv_model))  <= 1e-4
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_onnxruntime
+from onnx import TensorProto, helper, numpy_helper
+
+import egraft
+from egraft.errors import ShapeInferenceError
+from egraft.extract.greedy import FREE_OPS, extract_graph
+from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.infer import FreshDims, infer_node
+from egraft.ir.ops.fused import DOMAIN
+from egraft.ir.ops.winograd import WINOGRAD_G, winograd_weights
+from egraft.ir.types import DType, TensorType
+from egraft.optimize import optimize
+from egraft.rewrite.egraph import EGraphState, ENode
+from egraft.rewrite.engine import saturate
+from egraft.rewrite.load import load_rules
+from egraft.testing.models import scale_relative_error
+
+RNG = np.random.default_rng(11)
+OPSETS = {"": 18, DOMAIN: 1}
+
+
+def randn(*shape: int, dtype=np.float32) -> np.ndarray:
+    return RNG.normal(size=shape).astype(dtype)
+
+
+# ---- one-node graphs and reference models ---------------------------------------------------------
+def op_graph(op: str, inputs: list[tuple[str, np.ndarray | None]], attrs: dict | None = None) -> Graph:
+    """A validated one-node IR graph ``y = op(inputs) {attrs}`` of the egraft op ``op``; a ``None``
+    array is an omitted input. Example: ``op_graph("WinogradWeights", [("w", w)])``."""
+    values = [None if a is None else Value(name, TensorType(DType.from_numpy(a.dtype), a.shape)) for name, a in inputs]
+    node = Node(op, tuple(values), (Value("y", TensorType(DType.FLOAT32, None)),), dict(attrs or {}), domain=DOMAIN)
+    graph_inputs = [v for v in values if v is not None]
+    probe = Graph("g", graph_inputs, [], [node], opsets=dict(OPSETS))
+    y = Value("y", infer_node(probe, node, FreshDims())[0])
+    graph = Graph("g", graph_inputs, [y], [node.replace(outputs=(y,))], opsets=dict(OPSETS))
+    graph.validate()
+    return graph
+
+
+def conv_model(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict, opset: int = 18) -> onnx.ModelProto:
+    """``y = Conv(x, w, b) {attrs}`` with x a float32 input and w, b initializers."""
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(b, "b")] if b is not None else [])
+    names = ["x", "w"] + (["b"] if b is not None else [])
+    graph = helper.make_graph([helper.make_node("Conv", names, ["y"], **attrs)], "conv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def onnxruntime_conv(x, w, b, attrs) -> np.ndarray:
+    feeds = {"x": x.astype(np.float32)}
+    return run_onnxruntime(conv_model(feeds["x"], w.astype(np.float32), None if b is None else b.astype(np.float32),
+                                      attrs), feeds, exact=True)["y"]
+
+
+# ---- the Winograd ops -----------------------------------------------------------------------------
+WINOGRAD_CASES = [
+    # (N, C, H, W, O, Conv attributes)
+    (1, 3, 8, 8, 4, {}),
+    (2, 5, 7, 9, 3, {"pads": [1, 1, 1, 1]}),
+    (1, 4, 5, 6, 6, {"pads": [0, 2, 1, 0]}),
+    (1, 2, 3, 3, 2, {}),  # one output pixel
+    (1, 1, 1, 1, 2, {"pads": [1, 1, 1, 1]}),  # all padding around one pixel
+    (3, 6, 11, 4, 5, {"auto_pad": "SAME_UPPER"}),
+    (1, 3, 6, 13, 2, {"auto_pad": "SAME_LOWER", "kernel_shape": [3, 3]}),
+    (1, 7, 10, 5, 8, {"auto_pad": "VALID", "strides": [1, 1], "dilations": [1, 1], "group": 1}),
+]
+
+
+@pytest.mark.parametrize("n,c,h,wd,o,attrs", WINOGRAD_CASES)
+@pytest.mark.parametrize("given", ["transform", "weights only"])
+def test_winograd_conv_equals_onnxruntime_conv(n, c, h, wd, o, attrs, given):
+    x, w, b = randn(n, c, h, wd), randn(o, c, 3, 3), randn(o)
+    u = winograd_weights(w) if given == "transform" else None
+    graph = op_graph("WinogradConv", [("x", x), ("w", w), ("u", u), ("b", b)], attrs)
+    feeds = {"x": x, "w": w, "b": b, **({"u": u} if u is not None else {})}
+    ours = graph.run(feeds)["y"]
+    want = onnxruntime_conv(x, w, b, attrs)
+    assert ours.shape == want.shape == tuple(graph.outputs[0].type.shape)
+    assert scale_relative_error(ours, want) <= 1e-4
+    exported = run_onnxruntime(egraft.to_onnx(graph), feeds, exact=True)["y"]  # body: Conv(X, W, B)
+    assert scale_relative_error(exported, want) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_winograd_conv_in_other_float_types(dtype):
+    x, w = randn(2, 3, 6, 7, dtype=dtype), randn(4, 3, 3, 3, dtype=dtype)
+    graph = op_graph("WinogradConv", [("x", x), ("w", w)], {"pads": [1, 1, 1, 1]})
+    ours = graph.run({"x": x, "w": w})["y"]
+    assert ours.dtype == dtype
+    want = onnxruntime_conv(x, w, None, {"pads": [1, 1, 1, 1]})
+    assert scale_relative_error(ours, want) <= (2e-3 if dtype == np.float16 else 1e-5)
+
+
+def test_winograd_weights_are_g_w_gt_and_export():
+    w = randn(3, 2, 3, 3)
+    graph = op_graph("WinogradWeights", [("w", w)])
+    ours = graph.run({"w": w})["y"]
+    assert str(graph.outputs[0].type) == "f32[3, 2, 4, 4]"
+    g = WINOGRAD_G
+    expected = np.einsum("ab,oibc,dc->oiad", g, w.astype(np.float64), g)
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+    # the corners of G w G^T are the kernel's corners
+    np.testing.assert_allclose(ours[..., 0, 0], w[..., 0, 0], rtol=1e-6)
+    np.testing.assert_allclose(ours[..., 3, 3], w[..., 2, 2], rtol=1e-6)
+    exported = run_onnxruntime(egraft.to_onnx(graph), {"w": w}, exact=True)["y"]
+    np.testing.assert_allclose(exported, ours, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("w_shape,u_shape,attrs,message", [
+    ((4, 3, 5, 5), None, {}, "3x3 filters"),
+    ((4, 3, 3, 3), None, {"strides": [2, 2]}, "unit strides"),
+    ((4, 3, 3, 3), None, {"dilations": [1, 2]}, "unit strides and dilations"),
+    ((4, 3, 3, 3), (4, 3, 3, 3), {}, "it must be \\[4, 3, 4, 4\\]"),
+])
+def test_winograd_conv_inference_refuses_what_it_cannot_compute(w_shape, u_shape, attrs, message):
+    inputs = [("x", randn(1, 3, 6, 6)), ("w", randn(*w_shape)), ("u", None if u_shape is None else randn(*u_shape))]
+    with pytest.raises(ShapeInferenceError, match=message):
+        op_graph("WinogradConv", inputs, attrs)
+
+
+# ---- the rules --------------------------------------------------------------------------------------
+def conv_net(opset: int = 17) -> onnx.ModelProto:
+    """x -> Conv 3x3 (bias, pads 1) -> Conv 3x3 (no bias) -> Conv 3x3 stride 2 -> Conv 5x5 -> grouped Conv 3x3."""
+    specs = [("a", 6, 3, True, {"pads": [1, 1, 1, 1]}), ("b", 6, 3, False, {}),
+             ("c", 4, 3, True, {"strides": [2, 2], "pads": [1, 1, 1, 1]}), ("d", 4, 5, True, {"pads": [2, 2, 2, 2]}),
+             ("e", 4, 3, True, {"group": 2, "pads": [1, 1, 1, 1]})]
+    nodes, inits, prev, channels = [], [], "x", 3
+    for name, out, k, bias, attrs in specs:
+        inits.append(numpy_helper.from_array(randn(out, channels // attrs.get("group", 1), k, k) * 0.3, f"w_{name}"))
+        inputs = [prev, f"w_{name}"]
+        if bias:
+            inits.append(numpy_helper.from_array(randn(out), f"b_{name}"))
+            inputs.append(f"b_{name}")
+        nodes.append(helper.make_node("Conv", inputs, [name], **attrs))
+        prev, channels = name, out
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 9, 11])],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def winograd_cost(node: ENode) -> float:
+    """Node count, with a WinogradConv at half the price of a Conv."""
+    if node.op in FREE_OPS:
+        return 0.0
+    return 0.5 if node.op == "WinogradConv" else 1.0
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_3x3_stride_1_convs_get_a_winograd_twin_with_folded_weights(opset):
+    model = conv_net(opset)
+    rules = [r for f in load_rules() if f.ruleset in ("folding", "specialization") for r in f.rules]
+    state = EGraphState.from_graph(egraft.load(model))
+    report = saturate(state, rules)
+    assert report.rules["winograd_conv"].applied == 1  # conv a (conv e is grouped, c strided, d 5x5)
+    assert report.rules["winograd_conv_without_bias"].applied == 1  # conv b
+    graph = extract_graph(state.snapshot(), cost=winograd_cost)
+    assert graph.op_histogram() == {"WinogradConv": 2, "Conv": 3}
+    for node in graph.nodes:
+        if node.op == "WinogradConv":  # the transform was computed at compile time: a constant of G w G^T
+            u, w = (graph.constants[node.inputs[i].const] for i in (2, 1))
+            np.testing.assert_allclose(u, winograd_weights(w), rtol=1e-6)
+    feeds = {"x": randn(2, 3, 9, 11)}
+    reference = run_onnxruntime(model, feeds, exact=True)["e"]
+    assert scale_relative_error(graph.run(feeds)["e"], reference) <= 1e-4
+    exported = run_onnxruntime(egraft.to_onnx(graph), feeds, exact=True)["e"]
+    assert scale_relative_error(exported, reference) <= 1e-5
+    # by node count the plain Convs stay (a tie, broken towards the standard op)
+    assert "WinogradConv" not in extract_graph(state.snapshot()).op_histogram()
+
+
+# ---- binding symbolic dims --------------------------------------------------------------------------
+def reshape_by_shape_model() -> onnx.ModelProto:
+    """x f32[batch, 4, 6] -> Reshape(x, Concat(Gather(Shape(x), 0), [-1])) -> MatMul -> Expand to
+    Concat(Gather(Shape(x), 0), [3, 5]): shape arithmetic that binding batch makes constant."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus_one"], ["flat_shape"], axis=0),
+        helper.make_node("Reshape", ["x", "flat_shape"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "w"], ["h"]),
+        helper.make_node("Unsqueeze", ["h", "axes1"], ["h3"]),
+        helper.make_node("Concat", ["n1", "three_five"], ["wide_shape"], axis=0),
+        helper.make_node("Expand", ["h3", "wide_shape"], ["y"]),
+    ]
+    inits = {"zero": np.array(0, np.int64), "axes0": np.array([0], np.int64), "axes1": np.array([1], np.int64),
+             "minus_one": np.array([-1], np.int64), "three_five": np.array([3, 5], np.int64), "w": randn(24, 5)}
+    graph = helper.make_graph(nodes, "reshape_by_shape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 5])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_binding_the_batch_folds_the_shape_arithmetic(batch):
+    model = reshape_by_shape_model()
+    graph = egraft.load(model)
+    generic = optimize(graph)
+    assert "Shape" in generic.graph.op_histogram()  # the batch is unknown: the arithmetic stays
+    special = optimize(graph, bindings={"batch": batch})
+    # no Shape, Gather or Concat: the Reshape and Expand targets are constants (Unsqueeze(h) is data)
+    assert special.graph.op_histogram() == {"Reshape": 1, "MatMul": 1, "Unsqueeze": 1, "Expand": 1}
+    assert str(special.graph.outputs[0].type) == f"f32[{batch}, 3, 5]"
+    x = randn(batch, 4, 6)
+    reference = run_onnxruntime(model, {"x": x}, exact=True)["y"]
+    assert scale_relative_error(special.graph.run({"x": x})["y"], reference) <= 1e-6
+    assert scale_relative_error(generic.graph.run({"x": x})["y"], reference) <= 1e-6
+    exported = run_onnxruntime(egraft.to_onnx(special.graph), {"x": x}, exact=True)["y"]
+    assert scale_relative_error(exported, reference) <= 1e-6
