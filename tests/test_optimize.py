@@ -151,8 +151,11 @@ def test_encoder_layernorm_gelu_and_attention_are_recognized():
     model = encoder_model()
     result = optimize(egraft.load(model))
     after = result.graph.op_histogram()
-    assert after["LayerNorm"] == 5 and after["Gelu"] == 2 and after["Attention"] == 2
-    for op in ("Softmax", "Erf", "Sqrt", "ReduceMean", "LayerNormalization"):
+    # The decomposed LayerNorms become single ops (egraft's LayerNorm, or the standard
+    # LayerNormalization the model already had: equal cost, the standard op wins ties).
+    assert after.get("LayerNorm", 0) + after.get("LayerNormalization", 0) == 5
+    assert after["Gelu"] == 2 and after["Attention"] == 2
+    for op in ("Softmax", "Erf", "Sqrt", "ReduceMean", "Pow"):
         assert op not in after, op
     assert str(result.graph.outputs[0].type) == "f32[batch, seq, 32]"
     feeds = encoder_inputs(2, 9)

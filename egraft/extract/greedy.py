@@ -3,7 +3,8 @@ chosen program rebuilt as an IR graph in which a shared e-class is computed once
 
 The cost of an e-node is ``cost(op)`` plus its children's costs; leaves (inputs,
 constants) and output projections cost nothing. Ties break on op name, attributes and
-children, so the same e-graph always gives the same program.
+children, so the same e-graph always gives the same program (among equal costs, the
+e-node with fewer inputs, then a standard op, is preferred).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def choose(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost)
                 if any(ch not in best for ch in n.children):
                     continue
                 total = cost(n) + sum(best[ch][0] for ch in n.children)
-                key = (total, (n.op, n.attrs, n.children))
+                # Ties prefer fewer inputs, then standard ops, then by name: deterministic.
+                key = (total, (len(n.children), n.domain != "", n.op, n.attrs, n.children))
                 if c not in best or key < best[c][:2]:
                     best[c] = (total, key[1], n)
                     changed = True

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -89,6 +90,12 @@ def attrs_key(attrs: dict[str, Any]) -> str:
         return v
 
     return json.dumps({k: enc(attrs[k]) for k in sorted(attrs)}, sort_keys=True)
+
+
+@lru_cache(maxsize=1 << 16)
+def _decode(literal: str) -> str:
+    """The text of a serialized egglog string literal (op names and attribute keys repeat)."""
+    return json.loads(literal)
 
 
 @dataclass(frozen=True)
@@ -249,10 +256,10 @@ class EGraphState:
                     ref_class[ref] = cid(node["eclass"])
             elif op == "T.op":
                 name_id, attrs_id, list_id = node["children"]
-                name = json.loads(nodes[name_id]["op"])
+                name = _decode(nodes[name_id]["op"])
                 if name == _DECLARE:
                     continue
-                key = json.loads(nodes[attrs_id]["op"])
+                key = _decode(nodes[attrs_id]["op"])
                 if list_id not in list_items:
                     list_items[list_id] = items(list_id)
                 children = tuple(cid(nodes[c]["eclass"]) for c in list_items[list_id])

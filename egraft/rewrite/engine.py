@@ -42,7 +42,7 @@ class Budget:
     iterations: int = 30
     max_nodes: int = 100_000
     seconds: float = 30.0
-    match_limit: int = 1000
+    match_limit: int = 5000
     ban_length: int = 2
 
 
@@ -94,6 +94,18 @@ def _match_key(rule: Rule, subst: dict, snapshot) -> tuple:
     return (rule.name, tuple(items))
 
 
+def _touches(key: tuple, refs: set[int]) -> bool:
+    """True when the match ``key`` binds an e-class whose handle is in ``refs``."""
+    for _, value in key[1]:
+        if isinstance(value, tuple) and value and value[0] == "c":
+            if value[1] in refs:
+                return True
+        elif isinstance(value, tuple):
+            if any(isinstance(v, tuple) and v[1] in refs for v in value):
+                return True
+    return False
+
+
 def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None,
              progress: Callable[[int, int], None] | None = None) -> SaturationReport:
     """Run ``rules`` on ``state`` until saturation or a budget; return the report."""
@@ -106,7 +118,12 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     banned_until = {r.name: 0 for r in rules}
     ban_count = {r.name: 0 for r in rules}
     applied: set[tuple] = set()
+    # Guards see types (fixed) and constness (which only grows): a refused match needs
+    # another look only when one of its e-classes has become constant since.
+    refused: set[tuple] = set()
     snapshot = state.snapshot()
+    const_refs = {snapshot.class_ref[c] for c in snapshot.const_class}
+    newly_const: set[int] = set(const_refs)
     nodes_before = snapshot.num_nodes
     stop = "iteration limit"
     iteration = 0
@@ -135,8 +152,11 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                 key = _match_key(rule, subst, snapshot)
                 if key in applied:
                     continue
+                if key in refused and not _touches(key, newly_const):
+                    continue
                 if not evaluator.guard(rule, subst):
                     stats[name].guard_refused += 1
+                    refused.add(key)
                     continue
                 mark = len(state.pending)
                 try:
@@ -155,6 +175,9 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
             stats[name].seconds += time.perf_counter() - t0
         state.flush()
         snapshot = state.snapshot()
+        now_const = {snapshot.class_ref[c] for c in snapshot.const_class}
+        newly_const = now_const - const_refs
+        const_refs = now_const
         if progress is not None:
             progress(iteration, snapshot.num_nodes)
         if snapshot.num_nodes > budget.max_nodes:

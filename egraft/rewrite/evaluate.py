@@ -158,7 +158,7 @@ class Evaluator:
             else:
                 attrs[key] = _attr_value(value)
         handles = []
-        for x in inputs:
+        for x in _splat(inputs):
             if x is None or isinstance(x, Handle):
                 handles.append(x)
             else:
@@ -290,6 +290,17 @@ class Evaluator:
             attrs.update(self._value(spread, subst, env))
         kwargs = {k: self.eval(v, subst, env, True) for k, v in call.kwargs}
         return self.call_op(call.func, call.domain, args, kwargs, attrs, n_outputs=len(let.names))
+
+
+def _splat(values: list) -> list:
+    """Positional arguments with input lists (``xs``) spread in place."""
+    out = []
+    for v in values:
+        if isinstance(v, list) and v and all(isinstance(x, Handle) for x in v):
+            out.extend(v)
+        else:
+            out.append(v)
+    return out
 
 
 def same_type(a, b) -> bool:

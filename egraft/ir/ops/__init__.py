@@ -4,6 +4,7 @@ from egraft.ir.ops import (  # noqa: F401
     control,
     elementwise,
     fused,
+    fused_elementwise,
     nn_dense,
     nn_spatial,
     quantize,

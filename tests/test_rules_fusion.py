@@ -1,0 +1,77 @@
+"""The fusion rules on small models: epilogues, elementwise chains, and the Elementwise op."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_onnxruntime
+from onnx import TensorProto, helper
+
+import egraft
+from egraft.ir.ops.fused_elementwise import ExprError, evaluate_expr, parse_expr
+from egraft.optimize import optimize
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _chain_model():
+    nodes = [helper.make_node("Mul", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "b"], ["c"]),
+             helper.make_node("Relu", ["c"], ["d"]), helper.make_node("Sub", ["d", "x"], ["e"]),
+             helper.make_node("Sigmoid", ["e"], ["y"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 8]) for n in ("x", "w")]
+    inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [8]))
+    return _model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])])
+
+
+def test_elementwise_chain_becomes_one_op_with_the_same_values():
+    model = _chain_model()
+    result = optimize(egraft.load(model))
+    assert [n.op for n in result.graph.nodes] == ["Elementwise"]
+    node = result.graph.nodes[0]
+    assert node.attrs["expr"] == "sigmoid(sub(relu(add(mul(x0, x1), x2)), x3))"
+    assert str(result.graph.outputs[0].type) == "f32[batch, 8]"
+    rng = np.random.default_rng(0)
+    for batch in (1, 5):
+        feeds = {"x": rng.normal(size=(batch, 8)).astype(np.float32),
+                 "w": rng.normal(size=(batch, 8)).astype(np.float32),
+                 "b": rng.normal(size=8).astype(np.float32)}
+        reference = run_onnxruntime(model, feeds)["y"]
+        np.testing.assert_allclose(result.graph.run(feeds)["y"], reference, rtol=1e-6, atol=1e-6)
+        exported = run_onnxruntime(egraft.to_onnx(result.graph), feeds)["y"]
+        np.testing.assert_allclose(exported, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_switching_fusion_off_keeps_the_chain():
+    result = optimize(egraft.load(_chain_model()), rules_off=["fusion"])
+    assert [n.op for n in result.graph.nodes] == ["Mul", "Add", "Relu", "Sub", "Sigmoid"]
+
+
+def test_conv_relu_epilogue_matches_onnxruntime():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(4, 3, 3, 3)).astype(np.float32)
+    b = rng.normal(size=4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 8, 8])],
+                   [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    result = optimize(egraft.load(model))
+    assert [n.op for n in result.graph.nodes] == ["FusedConv"]
+    assert result.graph.nodes[0].attrs["activation"] == "relu"
+    x = rng.normal(size=(2, 3, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(result.graph.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_expression_bodies_parse_and_evaluate():
+    x, y = np.array([-2.0, 3.0]), np.array([1.0, 1.0])
+    np.testing.assert_allclose(evaluate_expr("relu(add(x0, mul(x1, -0.5)))", [x, y]), [0.0, 2.5])
+    assert parse_expr("neg(x2)") == ("call", "neg", (("input", 2),))
+    with pytest.raises(ExprError, match="unknown function 'cube'"):
+        parse_expr("cube(x0)")
+    with pytest.raises(ExprError, match="add takes 2 arguments"):
+        parse_expr("add(x0)")
