@@ -115,6 +115,108 @@ BUILTINS = {
 }
 
 
+# ---- layout builtins (egraft/rules/layout.rules) ---------------------------------------------------
+import weakref  # noqa: E402  (appended section: the table above is append-only)
+
+
+def _perm_list(p) -> list[int]:
+    if p is None or not isinstance(p, list | tuple):
+        raise GuardFailed("a permutation must be a list of axes")
+    return [int(i) for i in p]
+
+
+def _full_perm(ev: Evaluator, p, n) -> list[int]:
+    """Transpose's ``perm``, or its default (the axes reversed) when unset: ``full_perm(p, rank(x))``."""
+    return list(range(int(n)))[::-1] if p is None else _perm_list(p)
+
+
+def _compose_perm(ev: Evaluator, p, q) -> list[int]:
+    """The perm of ``Transpose(Transpose(x, p), q)`` as one Transpose: ``[p[i] for i in q]``;
+    ``compose_perm([0, 2, 3, 1], [0, 3, 1, 2]) == [0, 1, 2, 3]``."""
+    p, q = _perm_list(p), _perm_list(q)
+    if sorted(p) != list(range(len(p))) or sorted(q) != list(range(len(p))):
+        raise GuardFailed(f"{p} and {q} are not permutations of the same axes")
+    return [p[i] for i in q]
+
+
+def _inverse_perm(ev: Evaluator, p) -> list[int]:
+    """The perm that undoes ``p``: ``inverse_perm([0, 2, 3, 1]) == [0, 3, 1, 2]``."""
+    p = _perm_list(p)
+    inverse = [0] * len(p)
+    for i, axis in enumerate(p):
+        inverse[axis] = i
+    return inverse
+
+
+def _opset(ev: Evaluator) -> int:
+    """The model's default-domain opset: ``opset() >= 11`` (Gemm's C is optional from opset 11)."""
+    return int(ev.opset)
+
+
+BUILTINS["full_perm"] = _full_perm
+BUILTINS["compose_perm"] = _compose_perm
+BUILTINS["inverse_perm"] = _inverse_perm
+BUILTINS["opset"] = _opset
+
+
+
+def _constant_classes(snap) -> set[int]:
+    """The e-classes of ``snap`` that hold a constant or a node computed from constants only
+    (folded or not yet)."""
+    constant = set(snap.const_class)
+    changed = True
+    while changed:
+        changed = False
+        for c, nodes in snap.classes.items():
+            if c not in constant and any(n.op not in ("Input", "Absent") and all(ch in constant for ch in n.children)
+                                         for n in nodes):
+                constant.add(c)
+                changed = True
+    return constant
+
+
+def _const_fed_classes(snap, ops: tuple[str, ...]) -> frozenset[int]:
+    """The e-classes that are the one non-constant input of a node of one of ``ops`` in ``snap``."""
+    constant = _constant_classes(snap)
+    fed: set[int] = set()
+    for op in ops:
+        for _, node in snap.by_op.get(op, ()):
+            others = {c for c in node.children
+                      if c not in constant and all(n.op != "Absent" for n in snap.classes.get(c, ()))}
+            if len(others) == 1:
+                fed |= others
+    return frozenset(fed)
+
+
+def _feeds_const(ev: Evaluator, x, *ops: str) -> bool:
+    """A node of one of ``ops`` takes ``x`` and otherwise only constants (or constant expressions
+    not folded yet): true for a Conv that a
+    BatchNormalization, or a Mul or Add by a constant, follows (folding merges those into a new Conv):
+    ``feeds_const(p, "BatchNormalization", "Mul", "Add")``."""
+    if not isinstance(x, Handle):
+        raise GuardFailed("feeds_const() asks about a tensor")
+    per_snapshot = _FED_CLASSES.setdefault(ev.snap, {})
+    if ops not in per_snapshot:
+        per_snapshot[ops] = _const_fed_classes(ev.snap, ops)
+    return ev.snap.ref_class.get(x.ref) in per_snapshot[ops]
+
+
+#: snapshot -> {ops: the classes feeding those ops with constants}, computed once per snapshot.
+_FED_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+BUILTINS["feeds_const"] = _feeds_const
+
+
+def _distinct(ev: Evaluator, a, b) -> bool:
+    """``a`` and ``b`` are different e-classes (not yet known equal): a rule that would only
+    restate a known equality can skip it. ``distinct(p, x)``."""
+    if not isinstance(a, Handle) or not isinstance(b, Handle):
+        raise GuardFailed("distinct() compares two tensors")
+    return ev.snap.ref_class.get(a.ref) != ev.snap.ref_class.get(b.ref)
+
+
+BUILTINS["distinct"] = _distinct
+
+
 # ---- algebra and specialization builtins (egraft/rules/algebra.rules, specialization.rules) ----------
 import weakref  # noqa: E402  (appended section: the table above is append-only)
 

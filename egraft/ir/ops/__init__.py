@@ -5,6 +5,7 @@ from egraft.ir.ops import (  # noqa: F401
     elementwise,
     fused,
     fused_elementwise,
+    layout,
     nn_dense,
     nn_spatial,
     quantize,

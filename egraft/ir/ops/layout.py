@@ -1,0 +1,317 @@
+"""egraft-only layout ops (domain ``com.egraft``): the same convolution over other memory layouts,
+created by egraft/rules/layout.rules as alternatives beside the standard NCHW Conv:
+
+- ``ConvNHWC(X, W, B?)``: Conv on channels-last tensors, ``X [N, *S, C] -> Y [N, *S', M]``; the
+  weights stay in ONNX layout ``[M, C/group, *K]``; every Conv attribute;
+- ``LayoutToBlocked(X) {block}``: ``[N, C, *S] -> [N, C/block, *S, block]``, channel ``c`` going to
+  block ``c // block``, lane ``c % block`` (C must be a known multiple of ``block``);
+- ``LayoutFromBlocked(Y) {block}``: its inverse, ``[N, C/block, *S, block] -> [N, C, *S]``;
+- ``ConvNCHWc(Xb, W, B?) {block}``: Conv on channel-blocked input and output,
+  ``[N, C/block, *S, block] -> [N, M/block, *S', block]`` (M must be a multiple of ``block`` too).
+
+The convolutions reuse Conv's own inference and kernel (``conv_infer``/``conv_compute`` of
+nn_spatial) on the standard layout, with the layout changes around them, so no shape rule is
+written twice. Each op's ``onnx_function`` is the same in standard opset-18 ops: Transpose, Conv,
+Transpose; Reshape and Transpose for the blocked conversions. For a half-precision conv the body
+casts to float32 and back, as the kernel computes.
+
+Example:
+    >>> blocked_shape((sym("batch"), 16, 7, 7), 8)
+    (batch, 2, 7, 7, 8)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from egraft.ir.dims import Dim, dims_conflict
+from egraft.ir.dtypes import DType
+from egraft.ir.ops._common import fail
+from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
+from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
+from egraft.ir.types import TensorType
+
+DOMAIN = "com.egraft"
+#: The default-domain opset the function bodies are written in.
+FUNCTION_OPSET = 18
+#: The default channel block of the blocked layout (8 float32 lanes: one AVX2 register).
+DEFAULT_BLOCK = 8
+
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+_CONV_ATTR_SPECS = {
+    "auto_pad": AttrSpec("string", "NOTSET", "NOTSET, SAME_UPPER, SAME_LOWER or VALID, as Conv"),
+    "dilations": AttrSpec("ints", [], "per spatial axis (default 1)"),
+    "group": AttrSpec("int", 1, "number of channel groups"),
+    "kernel_shape": AttrSpec("ints", [], "the kernel's spatial shape (default: from W)"),
+    "pads": AttrSpec("ints", [], "begin pads then end pads per spatial axis (default 0)"),
+    "strides": AttrSpec("ints", [], "per spatial axis (default 1)"),
+}
+_BLOCK_SPEC = AttrSpec("int", DEFAULT_BLOCK, "channels per block (the last axis of the blocked layout)")
+
+
+# ---- permutations and shapes --------------------------------------------------------------------
+def to_channels_last(rank: int) -> list[int]:
+    """The Transpose perm from ``[N, C, *S]`` to ``[N, *S, C]``: ``to_channels_last(4) == [0, 2, 3, 1]``."""
+    return [0, *range(2, rank), 1]
+
+
+def to_channels_first(rank: int) -> list[int]:
+    """The Transpose perm from ``[N, *S, C]`` to ``[N, C, *S]``: ``to_channels_first(4) == [0, 3, 1, 2]``."""
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def blocked_shape(shape: Sequence[Dim], block: int) -> tuple[Dim, ...]:
+    """``[N, C, *S] -> [N, C/block, *S, block]``; raises ValueError unless C is a known multiple of block.
+
+    Example: ``blocked_shape((2, 16, 5, 5), 8) == (2, 2, 5, 5, 8)``.
+    """
+    if len(shape) < 2:
+        raise ValueError(f"the blocked layout needs [N, C, ...], got shape {list(shape)}")
+    c = shape[1]
+    if not isinstance(c, int) or c % block:
+        raise ValueError(f"the channel dim {c} of shape {list(shape)} is not a known multiple of block {block}")
+    return (shape[0], c // block, *shape[2:], block)
+
+
+def unblocked_shape(shape: Sequence[Dim], block: int) -> tuple[Dim, ...]:
+    """``[N, C/block, *S, block] -> [N, C, *S]``; raises ValueError unless the last dim is ``block``.
+
+    Example: ``unblocked_shape((2, 2, 5, 5, 8), 8) == (2, 16, 5, 5)``.
+    """
+    if len(shape) < 3:
+        raise ValueError(f"a blocked tensor is [N, C/block, ..., block], got shape {list(shape)}")
+    if dims_conflict(shape[-1], block) or not isinstance(shape[-1], int):
+        raise ValueError(f"the last dim of the blocked shape {list(shape)} must be the block {block}")
+    return (shape[0], shape[1] * block, *shape[2:-1])
+
+
+def to_blocked(x: np.ndarray, block: int) -> np.ndarray:
+    """``x [N, C, *S]`` as ``[N, C/block, *S, block]``: ``y[n, c // block, *s, c % block] = x[n, c, *s]``."""
+    n, c = x.shape[:2]
+    if c % block:
+        raise ValueError(f"{c} channels are not a multiple of block {block}")
+    split = x.reshape(n, c // block, block, *x.shape[2:])
+    return np.ascontiguousarray(np.moveaxis(split, 2, -1))
+
+
+def from_blocked(y: np.ndarray, block: int) -> np.ndarray:
+    """The inverse of :func:`to_blocked`: ``[N, C/block, *S, block] -> [N, C, *S]``."""
+    if y.ndim < 3 or y.shape[-1] != block:
+        raise ValueError(f"a blocked array of block {block} must end in {block}, got shape {list(y.shape)}")
+    lanes = np.moveaxis(y, -1, 2)
+    return np.ascontiguousarray(lanes.reshape(y.shape[0], y.shape[1] * block, *y.shape[2:-1]))
+
+
+# ---- inference helpers --------------------------------------------------------------------------
+def _block(ctx) -> int:
+    block = ctx.attr("block", DEFAULT_BLOCK)
+    if not isinstance(block, int | np.integer) or block < 1:
+        raise fail(ctx, f"block must be a positive integer, got {block!r}")
+    return int(block)
+
+
+def _shape_of(ctx: InferContext, index: int, min_rank: int, what: str) -> tuple[Dim, ...]:
+    shape = ctx.types[index].shape
+    if shape is None:
+        raise fail(ctx, f"the rank of {what} must be known")
+    if len(shape) < min_rank:
+        raise fail(ctx, f"{what} has shape {list(shape)}; it needs rank >= {min_rank}")
+    return shape
+
+
+def _check_conv_types(ctx: InferContext) -> DType:
+    """X, W (and B) share one float dtype; returns it."""
+    dtype = ctx.types[0].dtype
+    if not dtype.is_float:
+        raise fail(ctx, f"input 0 is {dtype.short}; {ctx.node.op} computes on float tensors")
+    for i, t in enumerate(ctx.types):
+        if t is not None and t.dtype != dtype:
+            raise fail(ctx, f"input {i} is {t.dtype.short} but input 0 is {dtype.short}")
+    return dtype
+
+
+def _standard_conv_shape(ctx: InferContext, x_nchw: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """Conv's inferred output shape for an NCHW input of shape ``x_nchw`` (the node's W, B and attrs)."""
+    standard = copy.copy(ctx)
+    standard.types = [TensorType(ctx.types[0].dtype, x_nchw), *ctx.types[1:]]
+    out = conv_infer(standard)[0]
+    if ctx.has_input(2) and ctx.types[2].shape is not None:
+        b = ctx.types[2].shape
+        if len(b) != 1 or dims_conflict(b[0], out.shape[1]):
+            raise fail(ctx, f"the bias has shape {list(b)}; it must be 1-D with one entry per output channel")
+    return out.shape
+
+
+def _permute(shape: Sequence[Dim], perm: Sequence[int]) -> tuple[Dim, ...]:
+    return tuple(shape[p] for p in perm)
+
+
+# ---- ONNX function bodies -----------------------------------------------------------------------
+def _attr(node, name: str):
+    """The node's attribute ``name``, else the op's default."""
+    if name in node.attrs:
+        return node.attrs[name]
+    return get_op(node.op, node.domain or DOMAIN).attrs[name].default
+
+
+class _Body:
+    """A FunctionProto under construction: ``add`` appends a node and returns its fresh output name."""
+
+    def __init__(self, node, formals: Sequence[str]) -> None:
+        self.node = node
+        given = list(node.inputs)
+        while given and given[-1] is None:
+            given.pop()
+        self.formals = list(formals[: len(given)])
+        self.nodes: list[onnx.NodeProto] = []
+
+    def add(self, op: str, *inputs: str, **attrs) -> str:
+        out = f"t{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
+        return out
+
+    def ints(self, values: Sequence[int]) -> str:
+        """A constant int64 vector."""
+        return self.add("Constant", value=numpy_helper.from_array(np.array(values, dtype=np.int64)))
+
+    def to_blocked(self, x: str, rank: int, block: int) -> str:
+        """``[N, C, *S] -> [N, C/block, *S, block]``: Reshape to ``[N, C/block, block, *S]``, then Transpose."""
+        target = self.add("Concat", self.add("Shape", x, end=1), self.ints([-1, block]), self.add("Shape", x, start=2),
+                          axis=0)
+        split = self.add("Reshape", x, target)
+        return self.add("Transpose", split, perm=[0, 1, *range(3, rank + 1), 2])
+
+    def from_blocked(self, y: str, rank: int) -> str:
+        """``[N, C/block, *S, block] -> [N, C, *S]`` (``rank`` is the blocked rank)."""
+        lanes = self.add("Transpose", y, perm=[0, 1, rank - 1, *range(2, rank - 1)])
+        target = self.add("Concat", self.add("Shape", lanes, end=1), self.ints([-1]), self.add("Shape", lanes, start=3),
+                          axis=0)
+        return self.add("Reshape", lanes, target)
+
+    def conv(self, x: str) -> str:
+        """Conv of ``x`` (NCHW) with the node's W, B and Conv attributes, computed in float32 for
+        half precision and rounded back once."""
+        dtype: DType = self.node.inputs[0].type.dtype
+        half = dtype not in (DType.FLOAT32, DType.FLOAT64)
+        operands = [x, *self.formals[1:]]
+        if half:
+            operands = [self.add("Cast", name, to=DType.FLOAT32.value) for name in operands]
+        attrs = {k: self.node.attrs[k] for k in _CONV_ATTRS if self.node.attrs.get(k) not in (None, [], ())}
+        y = self.add("Conv", *operands, **attrs)
+        return self.add("Cast", y, to=dtype.value) if half else y
+
+    def function(self, result: str) -> onnx.FunctionProto:
+        self.nodes.append(helper.make_node("Identity", [result], ["output"]))
+        return helper.make_function(DOMAIN, self.node.op, self.formals, ["output"], self.nodes,
+                                    [helper.make_opsetid("", FUNCTION_OPSET)], attributes=sorted(self.node.attrs))
+
+
+def _rank_of(node, index: int = 0) -> int:
+    t = node.inputs[index].type
+    if t.shape is None:
+        raise ValueError(f"{node.op}: the rank of input {index} must be known to export it")
+    return len(t.shape)
+
+
+# ---- ConvNHWC -----------------------------------------------------------------------------------
+def _conv_nhwc_infer(ctx: InferContext) -> list[TensorType]:
+    dtype = _check_conv_types(ctx)
+    x = _shape_of(ctx, 0, 3, "X [N, *S, C]")
+    out = _standard_conv_shape(ctx, _permute(x, to_channels_first(len(x))))
+    return [TensorType(dtype, _permute(out, to_channels_last(len(out))))]
+
+
+def _conv_nhwc(ctx, x, w, b=None):
+    """Conv(X [N, *S, C], W [M, C/group, *K], B) -> [N, *S', M]."""
+    y = conv_compute(ctx, np.transpose(x, to_channels_first(x.ndim)), w, b)[0]
+    return [np.ascontiguousarray(np.transpose(y, to_channels_last(y.ndim)))]
+
+
+def _conv_nhwc_function(node) -> onnx.FunctionProto:
+    body = _Body(node, ["X", "W", "B"])
+    rank = _rank_of(node)
+    y = body.conv(body.add("Transpose", "X", perm=to_channels_first(rank)))
+    return body.function(body.add("Transpose", y, perm=to_channels_last(rank)))
+
+
+register_op(
+    "ConvNHWC", domain=DOMAIN, attrs=dict(_CONV_ATTR_SPECS),
+    infer=_conv_nhwc_infer, compute=_conv_nhwc, onnx_function=_conv_nhwc_function,
+    doc="Conv on channels-last tensors: X [N, *S, C], W [M, C/group, *K] -> [N, *S', M]")
+
+
+# ---- LayoutToBlocked and LayoutFromBlocked ------------------------------------------------------
+def _to_blocked_infer(ctx: InferContext) -> list[TensorType]:
+    x = _shape_of(ctx, 0, 2, "X [N, C, ...]")
+    try:
+        return [TensorType(ctx.types[0].dtype, blocked_shape(x, _block(ctx)))]
+    except ValueError as e:
+        raise fail(ctx, str(e)) from None
+
+
+def _from_blocked_infer(ctx: InferContext) -> list[TensorType]:
+    y = _shape_of(ctx, 0, 3, "Y [N, C/block, ..., block]")
+    try:
+        return [TensorType(ctx.types[0].dtype, unblocked_shape(y, _block(ctx)))]
+    except ValueError as e:
+        raise fail(ctx, str(e)) from None
+
+
+def _to_blocked_function(node) -> onnx.FunctionProto:
+    body = _Body(node, ["X"])
+    return body.function(body.to_blocked("X", _rank_of(node), int(_attr(node, "block"))))
+
+
+def _from_blocked_function(node) -> onnx.FunctionProto:
+    body = _Body(node, ["Xb"])
+    return body.function(body.from_blocked("Xb", _rank_of(node)))
+
+
+register_op(
+    "LayoutToBlocked", domain=DOMAIN, attrs={"block": _BLOCK_SPEC},
+    infer=_to_blocked_infer, compute=lambda ctx, x: [to_blocked(x, _block(ctx))],
+    onnx_function=_to_blocked_function,
+    doc="[N, C, *S] -> [N, C/block, *S, block]: channel c in block c // block, lane c % block")
+
+register_op(
+    "LayoutFromBlocked", domain=DOMAIN, attrs={"block": _BLOCK_SPEC},
+    infer=_from_blocked_infer, compute=lambda ctx, y: [from_blocked(y, _block(ctx))],
+    onnx_function=_from_blocked_function,
+    doc="[N, C/block, *S, block] -> [N, C, *S]: the inverse of LayoutToBlocked")
+
+
+# ---- ConvNCHWc ----------------------------------------------------------------------------------
+def _conv_nchwc_infer(ctx: InferContext) -> list[TensorType]:
+    dtype = _check_conv_types(ctx)
+    block = _block(ctx)
+    xb = _shape_of(ctx, 0, 4, "Xb [N, C/block, *S, block]")
+    try:
+        out = _standard_conv_shape(ctx, unblocked_shape(xb, block))
+        return [TensorType(dtype, blocked_shape(out, block))]
+    except ValueError as e:
+        raise fail(ctx, str(e)) from None
+
+
+def _conv_nchwc(ctx, xb, w, b=None):
+    """Conv on blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]."""
+    block = _block(ctx)
+    y = conv_compute(ctx, from_blocked(xb, block), w, b)[0]
+    return [to_blocked(y, block)]
+
+
+def _conv_nchwc_function(node) -> onnx.FunctionProto:
+    body = _Body(node, ["Xb", "W", "B"])
+    rank = _rank_of(node)
+    y = body.conv(body.from_blocked("Xb", rank))
+    return body.function(body.to_blocked(y, rank - 1, int(_attr(node, "block"))))
+
+
+register_op(
+    "ConvNCHWc", domain=DOMAIN, attrs={**_CONV_ATTR_SPECS, "block": _BLOCK_SPEC},
+    infer=_conv_nchwc_infer, compute=_conv_nchwc, onnx_function=_conv_nchwc_function,
+    doc="Conv on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]")
