@@ -18,9 +18,14 @@ from egraft.rewrite.egraph import ABSENT, CONST, INPUT, OUT, ENode, Snapshot
 FREE_OPS = (CONST, INPUT, OUT, ABSENT)
 
 
-def node_count_cost(node: ENode) -> float:
-    """The ``nodes`` cost model: every op costs 1; inputs, constants and projections 0."""
-    return 0.0 if node.op in FREE_OPS else 1.0
+def node_count_cost(node: ENode) -> int:
+    """The ``nodes`` cost model: every op costs 1; inputs, constants and projections 0.
+
+    Integers on purpose: tree costs count a shared sub-expression once per use, so on
+    DenseNet's concatenations they reach 1e16, where float64 can no longer tell totals
+    that differ by a few nodes apart (Python ints stay exact).
+    """
+    return 0 if node.op in FREE_OPS else 1
 
 
 def choose(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost) -> dict[int, ENode]:
