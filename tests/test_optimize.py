@@ -177,3 +177,27 @@ def test_plans_are_deterministic():
         assert str(first.graph) == str(second.graph)
         assert {k: v.applied for k, v in first.saturation.rules.items()} == \
             {k: v.applied for k, v in second.saturation.rules.items()}
+
+
+def test_greedy_extraction_pays_a_shared_subexpression_once():
+    from egraft.extract.greedy import choose
+    from egraft.rewrite.egraph import EGraphState
+
+    # y = Add(s, s) with s = Exp(Neg(x)): the tree cost of Add is 1 + 2 + 2 = 5, its DAG
+    # cost 3 (s runs once); the chosen Add's cost set holds each class once.
+    nodes = [helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Exp", ["n"], ["s"]),
+             helper.make_node("Add", ["s", "s"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]), opset_imports=[helper.make_opsetid("", 17)])
+    state = EGraphState.from_graph(egraft.load(model))
+    snapshot = state.snapshot()
+    chosen = choose(snapshot)
+    y_class = snapshot.ref_class[state.output_refs[0]]
+    assert chosen[y_class].op == "Add"
+    from egraft.extract.greedy import extract_graph
+
+    graph = extract_graph(snapshot)
+    assert [n.op for n in graph.nodes] == ["Neg", "Exp", "Add"]
+    x = np.linspace(-1, 1, 4).astype(np.float32)
+    np.testing.assert_allclose(graph.run({"x": x})["y"], 2 * np.exp(-x), rtol=1e-6)

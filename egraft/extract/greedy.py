@@ -1,8 +1,9 @@
-"""Greedy extraction: the cheapest e-node per e-class by a bottom-up fixpoint, then the
-chosen program rebuilt as an IR graph in which a shared e-class is computed once.
+"""Greedy DAG-aware extraction: the cheapest e-node per e-class by a bottom-up fixpoint,
+then the chosen program rebuilt as an IR graph in which a shared e-class is computed once.
 
-The cost of an e-node is ``cost(op)`` plus its children's costs; leaves (inputs,
-constants) and output projections cost nothing. Ties break on op name, attributes and
+The cost of an e-node is ``cost(op)`` plus the costs of the distinct e-classes its
+children's choices reach (a shared sub-expression counts once, as it runs once); leaves
+(inputs, constants) and output projections cost nothing. Ties break on op name, attributes and
 children, so the same e-graph always gives the same program (among equal costs, the
 e-node with fewer inputs, then a standard op, is preferred).
 """
@@ -28,23 +29,32 @@ def node_count_cost(node: ENode) -> int:
     return 0 if node.op in FREE_OPS else 1
 
 
-def choose(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost) -> dict[int, ENode]:
-    """The cheapest e-node of every e-class that has a finite cost."""
-    best: dict[int, tuple[float, tuple, ENode]] = {}
-    changed = True
-    while changed:
+def choose(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost,
+           max_passes: int = 50) -> dict[int, ENode]:
+    """The cheapest e-node of every e-class, DAG-aware: an e-node's cost is the sum over
+    the set of distinct e-classes its choice reaches, so a shared sub-expression is paid
+    once (greedy: each class keeps its best set; passes repeat until nothing improves)."""
+    best: dict[int, tuple[tuple, ENode, dict[int, float]]] = {}
+    for _ in range(max_passes):
         changed = False
         for c in sorted(snapshot.classes):
             for n in snapshot.classes[c]:
                 if any(ch not in best for ch in n.children):
                     continue
-                total = cost(n) + sum(best[ch][0] for ch in n.children)
+                reached: dict[int, float] = {}
+                for ch in n.children:
+                    reached.update(best[ch][2])
+                if c in reached:
+                    continue  # the choice would reach its own class: a cycle
+                reached[c] = cost(n)
                 # Ties prefer fewer inputs, then standard ops, then by name: deterministic.
-                key = (total, (len(n.children), n.domain != "", n.op, n.attrs, n.children))
-                if c not in best or key < best[c][:2]:
-                    best[c] = (total, key[1], n)
+                key = (sum(reached.values()), len(n.children), n.domain != "", n.op, n.attrs, n.children)
+                if c not in best or key < best[c][0]:
+                    best[c] = (key, n, reached)
                     changed = True
-    return {c: v[2] for c, v in best.items()}
+        if not changed:
+            break
+    return {c: v[1] for c, v in best.items()}
 
 
 def extract_graph(snapshot: Snapshot, cost: Callable[[ENode], float] = node_count_cost,
