@@ -46,6 +46,17 @@ def broadcast_of(*indices: int, dtype: DType | None = None, dtype_from: int = 0)
     return infer
 
 
+def same_float_dtype(ctx: InferContext) -> DType:
+    """Every given input is a float tensor of input 0's dtype; returns that dtype."""
+    dtype = ctx.types[0].dtype
+    if not dtype.is_float:
+        raise fail(ctx, f"input 0 is {dtype.short}; {ctx.node.op} computes on float tensors")
+    for i, t in enumerate(ctx.types):
+        if t is not None and t.dtype != dtype:
+            raise fail(ctx, f"input {i} is {t.dtype.short} but input 0 is {dtype.short}")
+    return dtype
+
+
 def normalize_axis(axis: int, rank: int, ctx=None) -> int:
     """``axis`` in ``[0, rank)``; negative axes count from the end."""
     if not -rank <= axis < max(rank, 1):

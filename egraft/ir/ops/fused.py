@@ -31,7 +31,7 @@ from scipy.special import erf, expit
 
 from egraft.ir.dims import BroadcastError, broadcast_shapes, dims_conflict
 from egraft.ir.dtypes import DType
-from egraft.ir.ops._common import fail, normalize_axis
+from egraft.ir.ops._common import fail, normalize_axis, same_float_dtype
 from egraft.ir.ops.nn_dense import matmul_shape
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
@@ -109,17 +109,6 @@ def _activation_attrs() -> dict[str, AttrSpec]:
 
 
 # ---- inference helpers ------------------------------------------------------------------------
-def _check_floats(ctx: InferContext) -> DType:
-    """Every given input is a float tensor of input 0's dtype; returns that dtype."""
-    dtype = ctx.types[0].dtype
-    if not dtype.is_float:
-        raise fail(ctx, f"input 0 is {dtype.short}; {ctx.node.op} computes on float tensors")
-    for i, t in enumerate(ctx.types):
-        if t is not None and t.dtype != dtype:
-            raise fail(ctx, f"input {i} is {t.dtype.short} but input 0 is {dtype.short}")
-    return dtype
-
-
 def _check_activation(ctx: InferContext) -> None:
     try:
         activation_params(ctx.attr("activation", ""), ctx.attr("activation_params", []))
@@ -268,7 +257,7 @@ _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "stride
 
 
 def _fused_conv_infer(ctx: InferContext) -> list[TensorType]:
-    _check_floats(ctx)
+    same_float_dtype(ctx)
     _check_activation(ctx)
     out = conv_infer(ctx)[0]
     if ctx.has_input(2) and ctx.types[2].shape is not None:
@@ -311,7 +300,7 @@ register_op(
 
 # ---- FusedGemm ---------------------------------------------------------------------------------
 def _fused_gemm_infer(ctx: InferContext) -> list[TensorType]:
-    dtype = _check_floats(ctx)
+    dtype = same_float_dtype(ctx)
     _check_activation(ctx)
     a, b = ctx.types[0].shape, ctx.types[1].shape
     if a is None or b is None:
@@ -371,7 +360,7 @@ register_op(
 
 # ---- FusedMatMul -------------------------------------------------------------------------------
 def _fused_matmul_infer(ctx: InferContext) -> list[TensorType]:
-    dtype = _check_floats(ctx)
+    dtype = same_float_dtype(ctx)
     _check_activation(ctx)
     a, b = ctx.types[0].shape, ctx.types[1].shape
     if a is None or b is None:
@@ -406,7 +395,7 @@ register_op(
 
 # ---- LayerNorm ---------------------------------------------------------------------------------
 def _layer_norm_infer(ctx: InferContext) -> list[TensorType]:
-    _check_floats(ctx)
+    same_float_dtype(ctx)
     x = ctx.types[0]
     if x.shape is None:
         return [x]
@@ -452,7 +441,7 @@ _GELU_APPROXIMATIONS = ("none", "tanh")
 
 
 def _gelu_infer(ctx: InferContext) -> list[TensorType]:
-    _check_floats(ctx)
+    same_float_dtype(ctx)
     if ctx.attr("approximate", "none") not in _GELU_APPROXIMATIONS:
         raise fail(ctx, f"approximate is {ctx.attr('approximate')!r}; expected 'none' or 'tanh'")
     return [ctx.types[0]]
@@ -477,7 +466,7 @@ register_op(
 
 # ---- Attention ---------------------------------------------------------------------------------
 def _attention_infer(ctx: InferContext) -> list[TensorType]:
-    dtype = _check_floats(ctx)
+    dtype = same_float_dtype(ctx)
     q, kt, v = (ctx.types[i].shape for i in range(3))
     if q is None or kt is None or v is None:
         return [TensorType(dtype, None)]

@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 
 from egraft.ir.dims import Dim, dims_conflict
 from egraft.ir.dtypes import DType
-from egraft.ir.ops._common import fail
+from egraft.ir.ops._common import fail, same_float_dtype
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
 from egraft.ir.types import TensorType
@@ -124,17 +124,6 @@ def _shape_of(ctx: InferContext, index: int, min_rank: int, what: str) -> tuple[
     return shape
 
 
-def _check_conv_types(ctx: InferContext) -> DType:
-    """X, W (and B) share one float dtype; returns it."""
-    dtype = ctx.types[0].dtype
-    if not dtype.is_float:
-        raise fail(ctx, f"input 0 is {dtype.short}; {ctx.node.op} computes on float tensors")
-    for i, t in enumerate(ctx.types):
-        if t is not None and t.dtype != dtype:
-            raise fail(ctx, f"input {i} is {t.dtype.short} but input 0 is {dtype.short}")
-    return dtype
-
-
 def _standard_conv_shape(ctx: InferContext, x_nchw: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """Conv's inferred output shape for an NCHW input of shape ``x_nchw`` (the node's W, B and attrs)."""
     standard = copy.copy(ctx)
@@ -220,7 +209,7 @@ def _rank_of(node, index: int = 0) -> int:
 
 # ---- ConvNHWC -----------------------------------------------------------------------------------
 def _conv_nhwc_infer(ctx: InferContext) -> list[TensorType]:
-    dtype = _check_conv_types(ctx)
+    dtype = same_float_dtype(ctx)
     x = _shape_of(ctx, 0, 3, "X [N, *S, C]")
     out = _standard_conv_shape(ctx, _permute(x, to_channels_first(len(x))))
     return [TensorType(dtype, _permute(out, to_channels_last(len(out))))]
@@ -287,7 +276,7 @@ register_op(
 
 # ---- ConvNCHWc ----------------------------------------------------------------------------------
 def _conv_nchwc_infer(ctx: InferContext) -> list[TensorType]:
-    dtype = _check_conv_types(ctx)
+    dtype = same_float_dtype(ctx)
     block = _block(ctx)
     xb = _shape_of(ctx, 0, 4, "Xb [N, C/block, *S, block]")
     try:

@@ -25,8 +25,8 @@ import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 
 from egraft.ir.dims import dims_conflict
-from egraft.ir.ops._common import fail
-from egraft.ir.ops.fused import DOMAIN, _Body, _check_floats, _set_attrs, _work_dtype
+from egraft.ir.ops._common import fail, same_float_dtype
+from egraft.ir.ops.fused import DOMAIN, _Body, _set_attrs, _work_dtype
 from egraft.ir.ops.nn_spatial import _window, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, register_op
 from egraft.ir.types import TensorType
@@ -83,7 +83,7 @@ def winograd_conv2d(x: np.ndarray, u: np.ndarray, outs: tuple[int, int], begins:
 
 # ---- WinogradWeights ----------------------------------------------------------------------------
 def _weights_infer(ctx: InferContext) -> list[TensorType]:
-    dtype = _check_floats(ctx)
+    dtype = same_float_dtype(ctx)
     shape = ctx.types[0].shape
     if shape is None:
         return [TensorType(dtype, None)]
@@ -125,7 +125,7 @@ def _check_geometry(ctx: InferContext) -> None:
 
 
 def _conv_infer(ctx: InferContext) -> list[TensorType]:
-    _check_floats(ctx)
+    same_float_dtype(ctx)
     _check_geometry(ctx)
     out = conv_infer(ctx)[0]
     if ctx.has_input(3) and ctx.types[3].shape is not None:
