@@ -201,3 +201,4 @@ def test_greedy_extraction_pays_a_shared_subexpression_once():
     assert [n.op for n in graph.nodes] == ["Neg", "Exp", "Add"]
     x = np.linspace(-1, 1, 4).astype(np.float32)
     np.testing.assert_allclose(graph.run({"x": x})["y"], 2 * np.exp(-x), rtol=1e-6)
+

@@ -43,8 +43,14 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _same_attrs(a: dict, b: dict) -> bool:
-    return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+def _same_attrs(a: dict, b: dict, op: str, domain: str, opset: int) -> bool:
+    """Two captured attribute sets of ``op`` are equal, an unset attribute counting as
+    its default (``pads = [0, 0, 0, 0]`` equals no pads)."""
+    for k in set(a) | set(b):
+        default = _attr_default(op, domain, k, opset)
+        if not _same(a.get(k, default), b.get(k, default)):
+            return False
+    return True
 
 
 class Matcher:
@@ -121,7 +127,8 @@ class Matcher:
                 return
         if pattern.attrs_rest is not None:
             rest = {k: v for k, v in attrs.items() if k not in constrained}
-            if pattern.attrs_rest in base and not _same_attrs(base[pattern.attrs_rest], rest):
+            if pattern.attrs_rest in base and not _same_attrs(base[pattern.attrs_rest], rest, node.op,
+                                                                   node.domain, self.opset):
                 return  # the same capture twice: the attribute sets must be equal
             base[pattern.attrs_rest] = rest
         if pattern.rest is not None:
