@@ -32,7 +32,7 @@ from scipy.special import erf, expit
 from egraft.ir.dims import BroadcastError, broadcast_shapes, dims_conflict
 from egraft.ir.dtypes import DType
 from egraft.ir.ops._common import fail, normalize_axis, same_float_dtype
-from egraft.ir.ops.nn_dense import matmul_shape
+from egraft.ir.ops.nn_dense import gemm_shape, matmul_shape
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
 from egraft.ir.types import TensorType
@@ -253,7 +253,17 @@ def _set_attrs(node, names: Sequence[str]) -> dict:
 
 
 # ---- FusedConv ---------------------------------------------------------------------------------
-_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+#: Conv's attributes, as the Conv-like egraft ops (FusedConv, ConvNHWC, ConvNCHWc,
+#: WinogradConv) declare them.
+CONV_ATTR_SPECS = {
+    "auto_pad": AttrSpec("string", "NOTSET", "NOTSET, SAME_UPPER, SAME_LOWER or VALID, as Conv"),
+    "dilations": AttrSpec("ints", [], "per spatial axis (default 1)"),
+    "group": AttrSpec("int", 1, "number of channel groups"),
+    "kernel_shape": AttrSpec("ints", [], "the kernel's spatial shape (default: from W)"),
+    "pads": AttrSpec("ints", [], "begin pads then end pads per spatial axis (default 0)"),
+    "strides": AttrSpec("ints", [], "per spatial axis (default 1)"),
+}
+CONV_ATTRS = tuple(CONV_ATTR_SPECS)
 
 
 def _fused_conv_infer(ctx: InferContext) -> list[TensorType]:
@@ -279,21 +289,13 @@ def _fused_conv(ctx, x, w, b=None, z=None):
 def _fused_conv_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["X", "W", "B", "Z"])
     inputs = [body.input(0), body.input(1)] + ([body.input(2)] if body.has(2) else [])
-    y = body.add("Conv", *inputs, **_set_attrs(node, _CONV_ATTRS))
+    y = body.add("Conv", *inputs, **_set_attrs(node, CONV_ATTRS))
     return body.function(body.activation(body.add_optional(y, 3)))
 
 
 register_op(
     "FusedConv", domain=DOMAIN,
-    attrs={
-        "auto_pad": AttrSpec("string", "NOTSET", "NOTSET, SAME_UPPER, SAME_LOWER or VALID, as Conv"),
-        "dilations": AttrSpec("ints", [], "per spatial axis (default 1)"),
-        "group": AttrSpec("int", 1, "number of channel groups"),
-        "kernel_shape": AttrSpec("ints", [], "the kernel's spatial shape (default: from W)"),
-        "pads": AttrSpec("ints", [], "begin pads then end pads per spatial axis (default 0)"),
-        "strides": AttrSpec("ints", [], "per spatial axis (default 1)"),
-        **_activation_attrs(),
-    },
+    attrs={**CONV_ATTR_SPECS, **_activation_attrs()},
     infer=_fused_conv_infer, compute=_fused_conv, onnx_function=_fused_conv_function,
     doc="act(Conv(X, W, B) + Z): a convolution with bias, residual addend and activation")
 
@@ -302,16 +304,7 @@ register_op(
 def _fused_gemm_infer(ctx: InferContext) -> list[TensorType]:
     dtype = same_float_dtype(ctx)
     _check_activation(ctx)
-    a, b = ctx.types[0].shape, ctx.types[1].shape
-    if a is None or b is None:
-        raise fail(ctx, "the ranks of A and B must be known")
-    if len(a) != 2 or len(b) != 2:
-        raise fail(ctx, f"A and B must be 2-D, got shapes {list(a)} and {list(b)}")
-    m, k1 = (a[1], a[0]) if ctx.attr("transA", 0) else (a[0], a[1])
-    k2, n = (b[1], b[0]) if ctx.attr("transB", 0) else (b[0], b[1])
-    if dims_conflict(k1, k2):
-        raise fail(ctx, f"inner dims differ: A {list(a)}, B {list(b)} (transA={ctx.attr('transA', 0)}, "
-                        f"transB={ctx.attr('transB', 0)})")
+    m, n = gemm_shape(ctx)
     _check_addend(ctx, 2, (m, n), "C")
     _check_addend(ctx, 3, (m, n), "Z")
     return [TensorType(dtype, (m, n))]

@@ -32,6 +32,7 @@ from onnx import helper, numpy_helper
 from egraft.ir.dims import Dim, dims_conflict
 from egraft.ir.dtypes import DType
 from egraft.ir.ops._common import fail, same_float_dtype
+from egraft.ir.ops.fused import CONV_ATTR_SPECS, CONV_ATTRS
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
 from egraft.ir.types import TensorType
@@ -42,15 +43,6 @@ FUNCTION_OPSET = 18
 #: The default channel block of the blocked layout (8 float32 lanes: one AVX2 register).
 DEFAULT_BLOCK = 8
 
-_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
-_CONV_ATTR_SPECS = {
-    "auto_pad": AttrSpec("string", "NOTSET", "NOTSET, SAME_UPPER, SAME_LOWER or VALID, as Conv"),
-    "dilations": AttrSpec("ints", [], "per spatial axis (default 1)"),
-    "group": AttrSpec("int", 1, "number of channel groups"),
-    "kernel_shape": AttrSpec("ints", [], "the kernel's spatial shape (default: from W)"),
-    "pads": AttrSpec("ints", [], "begin pads then end pads per spatial axis (default 0)"),
-    "strides": AttrSpec("ints", [], "per spatial axis (default 1)"),
-}
 _BLOCK_SPEC = AttrSpec("int", DEFAULT_BLOCK, "channels per block (the last axis of the blocked layout)")
 
 
@@ -190,7 +182,7 @@ class _Body:
         operands = [x, *self.formals[1:]]
         if half:
             operands = [self.add("Cast", name, to=DType.FLOAT32.value) for name in operands]
-        attrs = {k: self.node.attrs[k] for k in _CONV_ATTRS if self.node.attrs.get(k) not in (None, [], ())}
+        attrs = {k: self.node.attrs[k] for k in CONV_ATTRS if self.node.attrs.get(k) not in (None, [], ())}
         y = self.add("Conv", *operands, **attrs)
         return self.add("Cast", y, to=dtype.value) if half else y
 
@@ -229,7 +221,7 @@ def _conv_nhwc_function(node) -> onnx.FunctionProto:
 
 
 register_op(
-    "ConvNHWC", domain=DOMAIN, attrs=dict(_CONV_ATTR_SPECS),
+    "ConvNHWC", domain=DOMAIN, attrs=dict(CONV_ATTR_SPECS),
     infer=_conv_nhwc_infer, compute=_conv_nhwc, onnx_function=_conv_nhwc_function,
     doc="Conv on channels-last tensors: X [N, *S, C], W [M, C/group, *K] -> [N, *S', M]")
 
@@ -301,6 +293,6 @@ def _conv_nchwc_function(node) -> onnx.FunctionProto:
 
 
 register_op(
-    "ConvNCHWc", domain=DOMAIN, attrs={**_CONV_ATTR_SPECS, "block": _BLOCK_SPEC},
+    "ConvNCHWc", domain=DOMAIN, attrs={**CONV_ATTR_SPECS, "block": _BLOCK_SPEC},
     infer=_conv_nchwc_infer, compute=_conv_nchwc, onnx_function=_conv_nchwc_function,
     doc="Conv on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]")

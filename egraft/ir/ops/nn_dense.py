@@ -118,15 +118,21 @@ register_op("MatMulInteger", infer=_matmul_integer_infer, compute=_matmul_intege
 
 
 # ---- Gemm -----------------------------------------------------------------------------------
-def _gemm_infer(ctx: InferContext) -> list[TensorType]:
+def gemm_shape(ctx: InferContext) -> tuple:
+    """(M, N) of ``A' @ B'`` for Gemm-like ops (inputs 0 and 1, attributes transA/transB)."""
     a, b = require_shape(ctx, 0), require_shape(ctx, 1)
     if len(a) != 2 or len(b) != 2:
-        raise fail(ctx, f"Gemm needs 2-D A and B, got shapes {list(a)} and {list(b)}")
+        raise fail(ctx, f"{ctx.node.op} needs 2-D A and B, got shapes {list(a)} and {list(b)}")
     m, k1 = (a[1], a[0]) if ctx.attr("transA", 0) else (a[0], a[1])
     k2, n = (b[1], b[0]) if ctx.attr("transB", 0) else (b[0], b[1])
     if dims_conflict(k1, k2):
         raise fail(ctx, f"inner dims differ: A {list(a)}, B {list(b)} (transA={ctx.attr('transA', 0)}, "
                         f"transB={ctx.attr('transB', 0)})")
+    return m, n
+
+
+def _gemm_infer(ctx: InferContext) -> list[TensorType]:
+    m, n = gemm_shape(ctx)
     if ctx.has_input(2) and ctx.types[2].shape is not None:
         _check_gemm_c(ctx, ctx.types[2].shape, (m, n))
     return [TensorType(ctx.types[0].dtype, (m, n))]

@@ -26,9 +26,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from egraft.ir.dims import dims_conflict
 from egraft.ir.ops._common import fail, same_float_dtype
-from egraft.ir.ops.fused import DOMAIN, _Body, _set_attrs, _work_dtype
+from egraft.ir.ops.fused import CONV_ATTR_SPECS, CONV_ATTRS, DOMAIN, _Body, _set_attrs, _work_dtype
 from egraft.ir.ops.nn_spatial import _window, conv_infer
-from egraft.ir.registry import AttrSpec, InferContext, register_op
+from egraft.ir.registry import InferContext, register_op
 from egraft.ir.types import TensorType
 
 #: F(2x2, 3x3) transforms (Lavin & Gray, 2016): input ``B^T``, filter ``G``, output ``A^T``.
@@ -38,7 +38,6 @@ WINOGRAD_AT = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)
 #: Output tile and input tile sizes of F(2x2, 3x3).
 TILE_OUT, TILE_IN = 2, 4
 
-_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
 # ---- numpy ------------------------------------------------------------------------------------
@@ -154,18 +153,11 @@ def _conv_compute(ctx, x, w, u=None, b=None):
 def _conv_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["X", "W", "U", "B"])
     inputs = [body.input(0), body.input(1)] + ([body.input(3)] if body.has(3) else [])
-    return body.function(body.add("Conv", *inputs, **_set_attrs(node, _CONV_ATTRS)))
+    return body.function(body.add("Conv", *inputs, **_set_attrs(node, CONV_ATTRS)))
 
 
 register_op(
     "WinogradConv", domain=DOMAIN,
-    attrs={
-        "auto_pad": AttrSpec("string", "NOTSET", "NOTSET, SAME_UPPER, SAME_LOWER or VALID, as Conv"),
-        "dilations": AttrSpec("ints", [], "[1, 1] or unset"),
-        "group": AttrSpec("int", 1, "must be 1"),
-        "kernel_shape": AttrSpec("ints", [], "[3, 3] or unset"),
-        "pads": AttrSpec("ints", [], "begin pads then end pads per spatial axis (default 0)"),
-        "strides": AttrSpec("ints", [], "[1, 1] or unset"),
-    },
+    attrs=dict(CONV_ATTR_SPECS),  # inference accepts only 3x3, stride 1, dilation 1, group 1
     infer=_conv_infer, compute=_conv_compute, onnx_function=_conv_function,
     doc="Conv(X, W, B) with a 3x3 stride-1 kernel by Winograd F(2x2, 3x3); U = WinogradWeights(W) optional")
