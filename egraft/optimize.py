@@ -1,9 +1,10 @@
 """The optimization pipeline: IR graph -> e-graph -> saturation under the chosen rule
-sets -> greedy extraction -> IR graph, with timings and statistics for every stage.
+sets -> extraction under a cost model -> IR graph, with timings and statistics for every
+stage. :func:`egraft.extract.plan.build_plan` turns the result into a plan document.
 
 Example:
-    >>> result = optimize(egraft.load("resnet50.onnx"))          # doctest: +SKIP
-    >>> result.graph.op_histogram()["Conv"]                      # doctest: +SKIP
+    >>> result = optimize(egraft.load("resnet50.onnx"), cost="roofline", extractor="ilp")   # doctest: +SKIP
+    >>> result.graph.op_histogram()["com.egraft::FusedConv"]                              # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from egraft.errors import EgraftError
-from egraft.extract.greedy import extract_graph
+from egraft.extract.cost import CostModel, cost_model
+from egraft.extract.extractor import extract
+from egraft.extract.program import Extraction, rebuild
 from egraft.ir.graph import Graph
 from egraft.ir.specialize import specialize
 from egraft.rewrite.ast import Rule, RuleFile
-from egraft.rewrite.egraph import EGraphState
+from egraft.rewrite.egraph import EGraphState, Snapshot
 from egraft.rewrite.engine import Budget, SaturationReport, saturate
 
 
@@ -31,6 +34,15 @@ class OptimizeResult:
     saturation: SaturationReport
     rulesets: list[str]
     seconds: dict[str, float] = field(default_factory=dict)
+    extraction: Extraction | None = None
+    cost_model: CostModel | None = None
+    snapshot: Snapshot | None = None
+    node_classes: list[int] = field(default_factory=list)
+    rule_files: list[RuleFile] = field(default_factory=list)
+    rules_off: list[str] = field(default_factory=list)
+    bindings: dict[str, int] = field(default_factory=dict)
+    budget: Budget | None = None
+    time_limit: float = 30.0
 
     def histogram_rows(self) -> list[tuple[str, int, int]]:
         """(op, count before, count after) for every op of either graph, by op name."""
@@ -51,7 +63,9 @@ def select_rules(files: Sequence[RuleFile], rules_off: Sequence[str] = ()) -> tu
 def optimize(graph: Graph, rule_paths: Sequence[str | Path] = (), rules_off: Sequence[str] = (),
              bindings: Mapping[str, int] | None = None, budget: Budget | None = None,
              include_shipped: bool = True,
-             progress: Callable[[int, int], None] | None = None) -> OptimizeResult:
+             progress: Callable[[int, int], None] | None = None,
+             cost: str | CostModel = "nodes", extractor: str = "greedy", time_limit: float = 30.0,
+             target: str = "cpu", profile: str | None = None) -> OptimizeResult:
     """Optimize ``graph`` with the shipped rules (and any ``rule_paths``).
 
     Args:
@@ -62,10 +76,16 @@ def optimize(graph: Graph, rule_paths: Sequence[str | Path] = (), rules_off: Seq
         budget: saturation limits.
         include_shipped: load ``egraft/rules/*.rules`` too.
         progress: called with (iteration, e-nodes) after each saturation round.
+        cost: the cost model, by name (``nodes``, ``flops``, ``roofline``) or as an object.
+        extractor: ``greedy`` or ``ilp``.
+        time_limit: seconds the ``ilp`` extractor may take.
+        target: ``cpu`` or ``cuda``: the roofline profile used when ``profile`` is not given.
+        profile: a roofline profile name or TOML path.
     """
     from egraft.rewrite.load import load_rules
 
     seconds: dict[str, float] = {}
+    model = cost if isinstance(cost, CostModel) else cost_model(cost, profile, target, bindings)
     t = time.perf_counter()
     files = load_rules(list(rule_paths), include_shipped=include_shipped)
     rules, rulesets = select_rules(files, rules_off)
@@ -82,6 +102,9 @@ def optimize(graph: Graph, rule_paths: Sequence[str | Path] = (), rules_off: Seq
     report = saturate(state, rules, budget, progress)
     seconds["saturate"] = time.perf_counter() - t
     t = time.perf_counter()
-    optimized = extract_graph(state.snapshot())
+    snapshot = state.snapshot()
+    extraction = extract(snapshot, model, extractor, time_limit=time_limit)
+    optimized, node_classes = rebuild(snapshot, extraction.choice)
     seconds["extract"] = time.perf_counter() - t
-    return OptimizeResult(optimized, source, report, rulesets, seconds)
+    return OptimizeResult(optimized, source, report, rulesets, seconds, extraction, model, snapshot, node_classes,
+                          files, list(rules_off), dict(bindings or {}), budget or Budget(), time_limit)

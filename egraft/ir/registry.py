@@ -27,7 +27,7 @@ without ``compute`` to ``onnx.reference``; ``egraft show --ops`` lists which.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -60,6 +60,9 @@ class OpDef:
         onnx_function: for an egraft-only op, ``node -> onnx.FunctionProto`` whose body
             is the op's definition in standard ops; export writes it as a model-local
             function so onnxruntime can run the exported model.
+        work: ``WorkContext -> Work``: the arithmetic and memory traffic of one run of the
+            op at given shapes, read by the cost models (see :mod:`egraft.ir.work`);
+            ``None`` counts one operation per output element.
     """
 
     name: str
@@ -70,6 +73,7 @@ class OpDef:
     attrs: dict[str, AttrSpec] = field(default_factory=dict)
     doc: str = ""
     onnx_function: Callable | None = None
+    work: Callable | None = None
 
     @property
     def is_standard(self) -> bool:
@@ -103,6 +107,14 @@ def register_op(
     op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function)
     _REGISTRY[(domain, name)] = op
     return op
+
+
+def register_work(name: str, work: Callable, domain: str = "") -> None:
+    """Attach the work formula of a registered op (see :mod:`egraft.ir.work`)."""
+    key = (_normalize_domain(domain), name)
+    if key not in _REGISTRY:
+        raise KeyError(f"register_work: {domain + '::' if domain else ''}{name} is not a registered op")
+    _REGISTRY[key] = replace(_REGISTRY[key], work=work)
 
 
 def _normalize_domain(domain: str) -> str:

@@ -99,6 +99,20 @@ def _decode(literal: str) -> str:
 
 
 @dataclass(frozen=True)
+class Application:
+    """One rule application, for provenance: the rule, the saturation round, and the
+    e-nodes it matched as ``(class handle, op name, attrs key, child handles)``."""
+
+    rule: str
+    iteration: int
+    matched: tuple[tuple[int, str, str, tuple[int, ...]], ...]
+
+
+#: ``term_log`` entries of the loaded graph carry this application number.
+SOURCE = -1
+
+
+@dataclass(frozen=True)
 class ENode:
     """One e-node of a snapshot: op name and domain, attribute key, child e-classes."""
 
@@ -128,6 +142,11 @@ class EGraphState:
         self.known_values: dict[int, np.ndarray] = {}  # ref -> compile-time value
         self.ref_const: dict[int, str] = {}  # ref -> constant hash
         self.ref_origin: dict[int, tuple[str, ...]] = {}  # ref -> source node names it covers
+        self.ref_source: dict[int, int] = {}  # ref -> index of the source node that computes it
+        # Provenance: every term added, (ref, op name, attrs key, arg refs, application or SOURCE).
+        self.term_log: list[tuple[int, str, str, tuple[int, ...], int]] = []
+        self.applications: list[Application] = []
+        self._application = SOURCE
         self.pending: list = []
         self.output_refs: list[int] = []
         self.input_refs: dict[str, int] = {}
@@ -152,12 +171,33 @@ class EGraphState:
         ref = self.new_ref(ttype)
         name = f"{domain}::{op}" if domain else op
         self.pending.append(f"(union ({_REF} {ref}) ({_OP} {_string(name)} {_string(key)} {self._list(args)}))")
+        self.term_log.append((ref, name, key, tuple(args), self._application))
         return ref
 
     def add_leaf(self, op: str, key: str, ttype) -> int:
         ref = self.new_ref(ttype)
         self.pending.append(f"(union ({_REF} {ref}) ({_OP} {_string(op)} {_string(key)} {_NIL}))")
+        self.term_log.append((ref, op, key, (), self._application))
         return ref
+
+    # ---- provenance ------------------------------------------------------------------
+    def begin_application(self, rule: str, iteration: int, snapshot: Snapshot, matched) -> None:
+        """Terms added until :meth:`end_application` were built by ``rule`` from the e-nodes
+        ``matched`` (``(class, ENode)`` pairs of ``snapshot``)."""
+        cref = snapshot.class_ref
+        record = tuple((cref[c], f"{n.domain}::{n.op}" if n.domain else n.op, n.attrs,
+                        tuple(cref[ch] for ch in n.children)) for c, n in matched)
+        self.applications.append(Application(rule, iteration, record))
+        self._application = len(self.applications) - 1
+
+    def end_application(self) -> None:
+        self._application = SOURCE
+
+    def cancel_application(self, log_mark: int) -> None:
+        """Forget the terms of an application whose replacement could not be built."""
+        del self.term_log[log_mark:]
+        self.applications.pop()
+        self._application = SOURCE
 
     def add_const(self, array: np.ndarray) -> int:
         from egraft.ir.graph import content_hash
@@ -201,17 +241,19 @@ class EGraphState:
                 state.known_values[refs[v.name]] = graph.constants[v.const]
             return refs[v.name]
 
-        for node in graph.nodes:
+        for index, node in enumerate(graph.nodes):
             args = [ref_of(v) for v in node.inputs]
             outputs = [v for v in node.outputs]
             if len(outputs) == 1 and outputs[0] is not None:
                 ref = state.add_term(node.op, node.domain, dict(node.attrs), args, outputs[0].type)
                 refs[outputs[0].name] = ref
                 state.ref_origin[ref] = (node.name,)
+                state.ref_source[ref] = index
             else:
                 types = tuple(v.type if v is not None else None for v in outputs)
                 tup = state.add_term(node.op, node.domain, dict(node.attrs), args, types)
                 state.ref_origin[tup] = (node.name,)
+                state.ref_source[tup] = index
                 for i, v in enumerate(outputs):
                     if v is not None:
                         refs[v.name] = state.add_term(OUT, "", {"index": i}, [tup], v.type)

@@ -24,7 +24,7 @@ from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
 from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
-from egraft.rewrite.match import Matcher
+from egraft.rewrite.match import MATCHED, Matcher
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ class SaturationReport:
 def _match_key(rule: Rule, subst: dict, snapshot) -> tuple:
     items = []
     for k in sorted(subst):
+        if k == MATCHED:
+            continue  # e-nodes of this snapshot: the bindings identify the match
         v = subst[k]
         if isinstance(v, int) and type(v) is not int and type(v) is not bool:  # EClassId
             v = ("c", snapshot.class_ref[v])
@@ -159,15 +161,19 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                     refused.add(key)
                     continue
                 mark = len(state.pending)
+                log_mark = len(state.term_log)
+                state.begin_application(name, iteration, snapshot, subst.get(MATCHED, ()))
                 try:
                     pairs = evaluator.build(rule, subst)
                 except ReplacementFailed as err:
                     applied.add(key)  # building fails the same way next time
                     del state.pending[mark:]
+                    state.cancel_application(log_mark)
                     stats[name].build_failed += 1
                     stats[name].last_failure = str(err)
                     continue
                 applied.add(key)
+                state.end_application()
                 for root_ref, new_ref in pairs:
                     state.union_refs(root_ref, new_ref)
                 stats[name].applied += 1

@@ -23,6 +23,9 @@ class EClassId(int):
     attribute value)."""
 #: Names under which the matcher records each root's e-class (``$root0``...).
 ROOT = "$root{}"
+#: The key under which a substitution lists the e-nodes it matched, ``((class, ENode), ...)``
+#: in pattern order (provenance: which e-nodes a rule rewrote).
+MATCHED = "$matched"
 
 
 def _attr_default(op: str, domain: str, name: str, opset: int):
@@ -111,6 +114,7 @@ class Matcher:
             padded = list(children)
         attrs = self.snap.attrs(node)
         base = dict(subst)
+        base[MATCHED] = subst.get(MATCHED, ()) + ((node_class, node),)
         if pattern.bind is not None:
             if pattern.bind in base and base[pattern.bind] != node_class:
                 return

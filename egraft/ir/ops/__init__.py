@@ -13,4 +13,5 @@ from egraft.ir.ops import (  # noqa: F401
     reduce_index,
     shape,
     winograd,
+    work,  # last: attaches work formulas to the ops registered above
 )

@@ -1,0 +1,182 @@
+"""Work formulas (:class:`egraft.ir.work.Work`) of the ops whose cost is not one
+operation per output element: convolutions and matrix products (2 flops per
+multiply-add), Winograd with its transform buffers, attention, reductions, pooling,
+normalizations, data movement (no arithmetic) and views (no traffic, no kernel).
+
+Epilogues of the fused ops (bias, residual addend, activation) add one operation per
+output element each. Winograd F(2x2, 3x3) does 16 multiply-adds per 2x2 output tile and
+input channel instead of 36 (2.25x fewer), but writes and reads back two transform
+buffers (V = B^T d B per input tile, M = U * V per output tile): in a bandwidth-poor
+profile the direct convolution wins, in a compute-poor one Winograd does.
+"""
+
+from __future__ import annotations
+
+import math
+
+from egraft.ir.ops.fused_elementwise import parse_expr
+from egraft.ir.registry import register_work
+from egraft.ir.work import Work, WorkContext, numel
+
+EGRAFT = "com.egraft"
+
+
+def _epilogue(ctx: WorkContext, first_optional: int) -> float:
+    """One operation per output element for each optional addend present and the activation."""
+    present = sum(ctx.has_input(i) for i in range(first_optional, len(ctx.inputs)))
+    return float(ctx.out_elems * (present + (1 if ctx.attr("activation", "") else 0)))
+
+
+def _conv_flops(ctx: WorkContext) -> float:
+    """2 * output elements * (input channels per group * kernel size), from W [M, C/g, *K]."""
+    w = ctx.inputs[1]
+    return 2.0 * ctx.out_elems * (math.prod(w[1:]) if w else 1)
+
+
+def _conv(family: str):
+    def work(ctx: WorkContext) -> Work:
+        return Work(_conv_flops(ctx) + _epilogue(ctx, 2), family)
+    return work
+
+
+def _conv_transpose(ctx: WorkContext) -> Work:
+    w = ctx.inputs[1]  # [C, M/g, *K]: every input element scatters M/g * K products
+    return Work(2.0 * ctx.input_elems(0) * (math.prod(w[1:]) if w else 1) + _epilogue(ctx, 2), "conv")
+
+
+#: F(2x2, 3x3): input tile 4x4, output tile 2x2; adds of the input (B^T d B) and output (A^T M A) transforms.
+_TILE_IN, _TILE_OUT, _INPUT_TRANSFORM_OPS, _OUTPUT_TRANSFORM_OPS = 16, 2, 32, 24
+
+
+def _winograd(ctx: WorkContext) -> Work:
+    """WinogradConv(X, W, U?, B?): products over 16 points per tile plus both transforms; traffic
+    of X, U (or W when U is computed in the kernel), B, the output and both transform buffers."""
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    if x is None or out is None or len(out) != 4:
+        return Work(float(ctx.out_elems), "winograd")
+    n, c = x[0], x[1]
+    m, ho, wo = out[1], out[2], out[3]
+    tiles = n * math.ceil(ho / _TILE_OUT) * math.ceil(wo / _TILE_OUT)
+    item = ctx.output_itemsizes[0]
+    flops = 2.0 * _TILE_IN * m * c * tiles + _INPUT_TRANSFORM_OPS * c * tiles + _OUTPUT_TRANSFORM_OPS * m * tiles
+    if ctx.has_input(3):
+        flops += ctx.out_elems
+    buffers = (_TILE_IN * c * tiles + _TILE_IN * m * tiles) * item  # V and M, each written then read
+    weights = ctx.input_bytes(2) if ctx.has_input(2) else ctx.input_bytes(1)
+    if not ctx.has_input(2):
+        flops += 2.0 * m * c * (4 * 3 * 3 + 4 * 4 * 3)  # G W G^T per filter, in the kernel
+    reads = ctx.input_bytes(0) + weights + ctx.input_bytes(3) + buffers
+    return Work(flops, "winograd", reads=reads, writes=ctx.writes + buffers)
+
+
+def _winograd_weights(ctx: WorkContext) -> Work:
+    w = ctx.inputs[0]
+    filters = numel(w[:2]) if w else 0
+    return Work(2.0 * filters * (4 * 3 * 3 + 4 * 4 * 3), "other")
+
+
+def _gemm(ctx: WorkContext) -> Work:
+    """2 * M * N * K plus the addends: A [M, K] (or [K, M] with transA)."""
+    a = ctx.inputs[0]
+    k = (a[0] if ctx.attr("transA", 0) else a[-1]) if a else 1
+    return Work(2.0 * ctx.out_elems * k + _epilogue(ctx, 2), "gemm")
+
+
+def _matmul(first_optional: int):
+    def work(ctx: WorkContext) -> Work:
+        a = ctx.inputs[0]
+        k = a[-1] if a else 1
+        return Work(2.0 * ctx.out_elems * k + _epilogue(ctx, first_optional), "gemm")
+    return work
+
+
+def _attention(ctx: WorkContext) -> Work:
+    """Q [..., S, D] @ Kt [..., D, T], a masked softmax over T (about 5 operations per score), then @ V."""
+    q, kt, v = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
+    if q is None or kt is None or v is None:
+        return Work(float(ctx.out_elems), "attention")
+    scores = numel(q[:-1]) * kt[-1]
+    return Work(2.0 * scores * q[-1] + 5.0 * scores + 2.0 * ctx.out_elems * v[-2], "attention")
+
+
+def _elementwise_body(ctx: WorkContext) -> Work:
+    """One operation per function of the body, per output element."""
+    return Work(float(ctx.out_elems * max(_count_calls(parse_expr(ctx.attr("expr", "x0"))), 1)), "elementwise")
+
+
+def _count_calls(tree) -> int:
+    if isinstance(tree, tuple) and tree and tree[0] == "call":
+        return 1 + sum(_count_calls(a) for a in tree[2])
+    return 0
+
+
+def _per_input_element(per: float, family: str):
+    def work(ctx: WorkContext) -> Work:
+        return Work(per * ctx.input_elems(0), family)
+    return work
+
+
+def _per_output_element(per: float, family: str):
+    def work(ctx: WorkContext) -> Work:
+        return Work(per * ctx.out_elems, family)
+    return work
+
+
+def _pool(ctx: WorkContext) -> Work:
+    return Work(float(ctx.out_elems * math.prod(ctx.attr("kernel_shape", [1]) or [1])), "pool")
+
+
+def _moves(family: str):
+    def work(ctx: WorkContext) -> Work:
+        return Work(0.0, family)
+    return work
+
+
+def _view(ctx: WorkContext) -> Work:
+    return Work(0.0, "view", reads=0.0, writes=0.0, launches=0)
+
+
+def _register() -> None:
+    for op in ("Conv", "ConvInteger", "QLinearConv"):
+        register_work(op, _conv("conv"))
+    register_work("FusedConv", _conv("conv"), EGRAFT)
+    register_work("ConvNHWC", _conv("conv_nhwc"), EGRAFT)
+    register_work("ConvNCHWc", _conv("conv_nchwc"), EGRAFT)
+    register_work("ConvTranspose", _conv_transpose)
+    register_work("WinogradConv", _winograd, EGRAFT)
+    register_work("WinogradWeights", _winograd_weights, EGRAFT)
+    register_work("Gemm", _gemm)
+    register_work("FusedGemm", _gemm, EGRAFT)
+    for op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+        register_work(op, _matmul(99))
+    register_work("FusedMatMul", _matmul(2), EGRAFT)
+    register_work("Attention", _attention, EGRAFT)
+    register_work("Elementwise", _elementwise_body, EGRAFT)
+    for op in ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+               "ReduceProd", "ReduceSum", "ReduceSumSquare", "ArgMax", "ArgMin", "GlobalAveragePool",
+               "GlobalMaxPool", "CumSum", "CumProd", "TopK"):
+        register_work(op, _per_input_element(1.0, "reduce"))
+    for op in ("Softmax", "LogSoftmax", "Hardmax"):
+        register_work(op, _per_input_element(4.0, "normalize"))
+    for op in ("LayerNormalization", "GroupNormalization", "InstanceNormalization", "RMSNormalization",
+               "MeanVarianceNormalization", "LpNormalization", "LRN"):
+        register_work(op, _per_input_element(5.0, "normalize"))
+    register_work("LayerNorm", _per_input_element(5.0, "normalize"), EGRAFT)
+    register_work("BatchNormalization", _per_input_element(2.0, "normalize"))
+    for op in ("MaxPool", "AveragePool", "LpPool"):
+        register_work(op, _pool)
+    register_work("Gelu", _per_output_element(8.0, "elementwise"), EGRAFT)
+    for op in ("Transpose", "DepthToSpace", "SpaceToDepth"):
+        register_work(op, _moves("layout"))
+    register_work("LayoutToBlocked", _moves("layout"), EGRAFT)
+    register_work("LayoutFromBlocked", _moves("layout"), EGRAFT)
+    for op in ("Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Pad", "Expand", "Tile",
+               "Cast", "CastLike", "ConstantOfShape", "ScatterElements", "ScatterND", "Compress", "Trilu",
+               "ReverseSequence", "CenterCropPad", "OneHot", "Range", "EyeLike"):
+        register_work(op, _moves("data"))
+    register_work("Resize", _per_output_element(4.0, "data"))
+    for op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout", "Shape", "Size"):
+        register_work(op, _view)
+
+
+_register()
