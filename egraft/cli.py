@@ -72,21 +72,27 @@ def _load(model: str):
 # ---- show ------------------------------------------------------------------------------------
 @app.command()
 def show(
-    model: Annotated[str | None, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")] = None,
+    model: Annotated[str | None, typer.Argument(
+        help="ONNX file, a bundled model name such as resnet50, or a plan (.json) from egraft plan.")] = None,
     ops: Annotated[bool, typer.Option("--ops", help="List the op registry instead of a model.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     text: Annotated[bool, typer.Option("--text/--no-text", help="Print the IR text.")] = True,
 ) -> None:
-    """Print a model's IR text, its op histogram and its symbolic dims.
+    """Print a model's IR text, its op histogram and its symbolic dims (or a plan's chosen graph).
 
-    Example: egraft show resnet50
+    Example: egraft show resnet50;  egraft show resnet50.plan.json
     """
     try:
         if ops:
             _show_ops(as_json)
             return
         if model is None:
-            raise _fail("give a MODEL (a path or a bundled name such as resnet50), or --ops")
+            raise _fail("give a MODEL (a path or a bundled name such as resnet50), a PLAN (.json), or --ops")
+        if model.endswith(".json"):
+            from egraft.cli_plan import show_plan
+
+            show_plan(Path(model), as_json, text)
+            return
         graph = _load(model)
     except EgraftError as e:
         raise _fail(str(e)) from None
@@ -327,9 +333,6 @@ def main() -> None:  # pragma: no cover - the console script
         sys.exit(130)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
 
 # ---- optimize and rules ------------------------------------------------------------------------
 rules_app = typer.Typer(help="Rule files: list them, check them.", no_args_is_help=True)
@@ -345,28 +348,39 @@ def optimize(
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
     timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 30.0,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the optimized model here.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
+    cost_model: Annotated[str, typer.Option("--cost-model", help="nodes, flops or roofline.")] = "roofline",
+    target: Annotated[str, typer.Option("--target", help="cpu or cuda: picks the roofline profile.")] = "cpu",
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="Roofline profile: a name (cpu-host, cuda-h200) or a .toml file.")] = None,
+    extractor: Annotated[str, typer.Option("--extractor", help="greedy (fast) or ilp (exact, HiGHS).")] = "greedy",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the ilp extractor may take.")] = 30.0,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Write the optimized model here (egraft-only ops as ONNX local functions).")] = None,
+    plan_path: Annotated[Path | None, typer.Option("--plan", help="Also write the plan (JSON) here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output / --plan if they exist.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Rewrite a model with the rule library and extract the cheapest equivalent program.
+    """Rewrite a model with the rule library and extract the cheapest equivalent program
+    under a cost model; write it as an ONNX model that onnxruntime runs.
 
-    Example: egraft optimize resnet50 -o resnet50.opt.onnx
+    Example: egraft optimize resnet50 -o resnet50.opt.onnx --extractor ilp
     """
-    from egraft.optimize import optimize as run_optimize
-    from egraft.rewrite.engine import Budget
+    from egraft.cli_plan import run_pipeline
 
     try:
-        if output is not None and output.exists() and not force:
-            raise EgraftError(f"{output} exists; pass --force to overwrite it or choose another -o path")
-        bindings = parse_bindings(shape)
-        graph = _load(model)
-        budget = Budget(iterations=iterations, max_nodes=max_nodes, seconds=timeout)
-        result = run_optimize(graph, rules or [], rules_off or [], bindings, budget)
+        for path in (output, plan_path):
+            if path is not None and path.exists() and not force:
+                raise EgraftError(f"{path} exists; pass --force to overwrite it or choose another path")
+        result = run_pipeline(model, rules, rules_off, shape, iterations, max_nodes, timeout, cost_model, target,
+                              profile, extractor, time_limit)
         if output is not None:
             import egraft
 
             egraft.save_onnx(result.graph, output)
+        if plan_path is not None:
+            from egraft.extract.plan import build_plan, plan_json
+
+            plan_path.write_text(plan_json(build_plan(result, model_label=model)))
     except EgraftError as e:
         raise _fail(str(e)) from None
     report = result.saturation
@@ -378,6 +392,8 @@ def optimize(
                    "enodes": report.nodes_after, "eclasses": report.classes_after},
         "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
         "rulesets": result.rulesets,
+        "cost": {"model": result.cost_model.name, "total": result.extraction.cost, "unit": result.cost_model.unit,
+                 "extractor": result.extraction.extractor, "status": result.extraction.status},
         "rules": {k: {"applied": v.applied, "matches": v.matches, "seconds": round(v.seconds, 4)}
                   for k, v in sorted(report.rules.items())},
     }
@@ -393,6 +409,9 @@ def optimize(
     console.print(f"e-graph: {report.nodes_after} e-nodes in {report.classes_after} e-classes after "
                   f"{report.iterations} iterations ({report.stop_reason}); rule sets: {', '.join(result.rulesets)}",
                   markup=False)
+    ex = result.extraction
+    console.print(f"estimated cost: {ex.cost:.6g} {result.cost_model.unit} ({result.cost_model.name}; "
+                  f"{ex.extractor}: {ex.status})", markup=False)
     console.print("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.seconds.items()), markup=False)
     top = Table(title="top rules")
     for col in ("rule", "applied", "matches", "seconds"):
@@ -400,8 +419,9 @@ def optimize(
     for name, stats in report.top_rules(10):
         top.add_row(name, str(stats.applied), str(stats.matches), f"{stats.seconds:.3f}")
     console.print(top)
-    if output is not None:
-        console.print(f"wrote {output}", markup=False)
+    for path in (output, plan_path):
+        if path is not None:
+            console.print(f"wrote {path}", markup=False)
 
 
 @rules_app.command("list")
@@ -467,3 +487,10 @@ def rules_check(
         console.print(", ".join(f"{n} {s}" for s, n in counts.items()), markup=False)
     if counts["unsound"]:
         raise typer.Exit(code=1)
+
+
+from egraft import cli_plan  # noqa: E402,F401  (registers plan, diff, explain, calibrate)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
