@@ -170,20 +170,31 @@ def extract_ilp(snapshot: Snapshot, model: CostModel, roots: list[int], time_lim
                   options={"time_limit": remaining, "disp": False, "mip_rel_gap": MIP_REL_GAP})
     seconds = time.perf_counter() - start
     bound = getattr(result, "mip_dual_bound", None)
+    bound = None if bound is None or not np.isfinite(bound) else float(bound)
+    limited = result.status == 1
     if result.x is None:
-        why = "time limit before a first program" if result.status == 1 else result.message
-        return Extraction(greedy.choice, greedy.cost, "ilp", f"greedy fallback: {why}", None, seconds,
-                          table, greedy.alternatives, bound, problem)
+        why = "time limit before a first program" if limited else result.message
+        return Extraction(greedy.choice, greedy.cost, "ilp", f"greedy fallback: {why}",
+                          _gap(greedy.cost, bound) if limited else None, seconds, table, greedy.alternatives, bound,
+                          problem)
     chosen = result.x[: len(nodes)] > 0.5
     choice: dict[int, int] = dict(greedy.choice)  # classes the ILP leaves unchosen keep greedy's pick
     for v in np.flatnonzero(chosen):
         c, i = nodes[v]
         choice[c] = i
     total = dag_cost(snapshot, choice, roots, table)
-    limited = result.status == 1
+    status = "time limit" if limited else "optimal"
+    gap = _gap(total, bound) if limited else 0.0
     if total > greedy.cost:
-        return Extraction(greedy.choice, greedy.cost, "ilp", "greedy fallback: the ILP's program was dearer", None,
-                          seconds, table, greedy.alternatives, bound, problem)
-    gap = float(getattr(result, "mip_gap", 0.0) or 0.0) if limited else 0.0
-    return Extraction(choice, total, "ilp", "time limit" if limited else "optimal", gap, seconds, table,
-                      greedy.alternatives, bound, problem)
+        if total - greedy.cost > 1e-9 * max(1.0, abs(float(greedy.cost))):
+            return Extraction(greedy.choice, greedy.cost, "ilp", "greedy fallback: the ILP's program was dearer",
+                              _gap(greedy.cost, bound), seconds, table, greedy.alternatives, bound, problem)
+        choice, total = greedy.choice, greedy.cost  # the same cost, summed in another order: keep greedy's
+    return Extraction(choice, total, "ilp", status, gap, seconds, table, greedy.alternatives, bound, problem)
+
+
+def _gap(cost: float, bound: float | None) -> float | None:
+    """The relative gap between a program's cost and a proven lower bound."""
+    if bound is None:
+        return None
+    return max(0.0, (float(cost) - bound) / max(abs(float(cost)), 1e-12))
