@@ -491,6 +491,5 @@ def rules_check(
 
 from egraft import cli_plan  # noqa: E402,F401  (registers plan, diff, explain, calibrate)
 
-
 if __name__ == "__main__":  # pragma: no cover
     main()

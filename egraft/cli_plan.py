@@ -71,7 +71,8 @@ def plan(
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
     timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 30.0,
     reproducible: Annotated[bool, typer.Option(
-        "--reproducible", help="Leave out the timings: the file is then the same, byte for byte, on every run.")] = False,
+        "--reproducible",
+        help="Leave out the timings: the file is then the same, byte for byte, on every run.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:

@@ -8,6 +8,13 @@ import pytest
 from onnx import TensorProto, helper
 
 
+@pytest.fixture(autouse=True)
+def _isolated_config_dir(tmp_path_factory, monkeypatch):
+    """Tests never read or write the user's saved profiles (``egraft calibrate``): a
+    calibrated cpu-host profile would change which plans the roofline model extracts."""
+    monkeypatch.setenv("EGRAFT_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
+
+
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], exact: bool = False) -> dict[str, np.ndarray]:
     """Run ``model`` in onnxruntime (CPU) and return its outputs by name.
 

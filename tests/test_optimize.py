@@ -26,11 +26,22 @@ from egraft.testing.models import (
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_optimized_light_models_match_onnxruntime(name):
+    # The CLI's defaults (roofline on the cpu-host profile) with the exact extractor; on the
+    # same e-graph the exact extractor is never dearer than greedy under any cost model.
+    from egraft.extract.cost import cost_model
+    from egraft.extract.extractor import extract
+
     model = onnx.load(light_model_path(name))
     reweighted = with_outputs(reweight(model, seed=4), softmax_logits(model))
     feeds = backend_input(model)
     reference = run_onnxruntime(reweighted, feeds)
-    result = optimize(egraft.load(reweighted))
+    result = optimize(egraft.load(reweighted), cost="roofline", extractor="ilp")
+    assert result.extraction.status == "optimal", result.extraction.status
+    for model_name, profile in (("nodes", None), ("flops", None), ("roofline", "cpu-host"), ("roofline", "cuda-h200")):
+        costs = cost_model(model_name, profile)
+        greedy = extract(result.snapshot, costs, "greedy")
+        exact = extract(result.snapshot, costs, "ilp")
+        assert exact.cost <= greedy.cost * (1 + 1e-9), (model_name, profile, exact.cost, greedy.cost)
     result.graph.validate()
     ours = result.graph.run(feeds)
     assert len(result.graph.nodes) <= len(result.source.nodes)

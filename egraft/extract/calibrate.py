@@ -86,7 +86,8 @@ def calibrate(threads: int = 1, base: str = "cpu-host") -> Profile:
     except subprocess.TimeoutExpired:
         raise EgraftError("calibration took more than 300 s; is the machine overloaded?") from None
     if done.returncode != 0:
-        raise EgraftError(f"calibration failed: {done.stderr.strip().splitlines()[-1] if done.stderr else done.returncode}")
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+        raise EgraftError(f"calibration failed: {last}")
     figures = json.loads(done.stdout)
     template = load_profile(base)
     today = datetime.date.today().isoformat()
