@@ -167,7 +167,9 @@ def test_ilp_stopped_by_its_time_limit_returns_a_valid_program_and_its_gap():
     snapshot, roots, model = _set_cover_egraph()
     greedy = extract(snapshot, model, "greedy", roots)
     limited = extract(snapshot, model, "ilp", roots, time_limit=0.5)
-    assert limited.status == "time limit" and limited.seconds < 5.0
+    # Stopped at the limit: HiGHS's best program so far, or greedy's when that is cheaper.
+    assert limited.status.startswith("time limit"), limited.status
+    assert limited.seconds < 5.0
     assert limited.cost <= greedy.cost
     assert limited.lower_bound is not None and limited.lower_bound <= limited.cost
     assert limited.gap == pytest.approx((limited.cost - limited.lower_bound) / limited.cost)

@@ -28,7 +28,8 @@ class Extraction:
         cost: the DAG cost of the program (each reached e-class paid once).
         extractor: ``greedy`` or ``ilp``.
         status: ``heuristic`` (greedy), ``optimal``, ``time limit`` (the ILP stopped with
-            a valid but possibly suboptimal program), or ``greedy fallback: why``.
+            a valid but possibly suboptimal program; ``time limit: greedy's program kept...``
+            when greedy's was cheaper than the ILP's best so far), or ``greedy fallback: why``.
         gap: the ILP's relative optimality gap when a limit stopped it (0 when optimal).
         seconds: time spent extracting.
         table: the cost of every e-node.
