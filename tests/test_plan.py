@@ -80,7 +80,8 @@ def test_diff_without_fusion_shows_the_fused_ops_and_the_cost(resnet_plans):
     assert ops["Relu"][1] > ops["Relu"][0]
     assert d["cost"]["difference"] > 0  # fusion makes the plan cheaper
     assert d["cost"]["difference"] == pytest.approx(d["cost"]["b"] - d["cost"]["a"], rel=1e-6)
-    assert {"conv_relu", "conv_sum_relu"} <= set(d["rules_only_a"]) and not d["rules_only_b"]
+    fusion_rules = {"conv_relu", "conv_sum_relu", "sum_conv_relu"}
+    assert fusion_rules <= set(d["rules_only_a"]) and not fusion_rules & set(d["rules_only_b"])
     assert any(n["op"] == "com.egraft::FusedConv" for n in d["only_a"])
     top = d["top_differences"]
     assert len(top) == 5 and all(r["difference"] > 0 for r in top)
@@ -219,6 +220,13 @@ def test_the_nodes_cost_model_extracts_fewer_ops_than_roofline(resnet_plans, tmp
     by_nodes, by_time = load_plan(fewest), load_plan(full)
     assert by_nodes["extraction"]["status"] == "optimal"
     assert by_nodes["cost"]["total"] == len(by_nodes["graph"]["nodes"])
-    assert len(by_nodes["graph"]["nodes"]) < len(by_time["graph"]["nodes"])
-    # Under roofline, Winograd pays for the BatchNormalization and Relu it leaves unfused.
-    assert "WinogradConv" not in by_nodes["graph"]["ops"] and "WinogradConv" in by_time["graph"]["ops"]
+    assert len(by_nodes["graph"]["nodes"]) <= len(by_time["graph"]["nodes"])
+    # Roofline runs every 3x3 stride-1 convolution (with its folded BatchNormalization and
+    # Relu) by Winograd: 2.25x fewer multiplications. (Under nodes, Winograd and direct
+    # forms tie at one op each.)
+    assert by_time["graph"]["ops"]["WinogradConv"] == 13
+    winograd = [n for n in by_time["graph"]["nodes"] if n["op"] == "com.egraft::WinogradConv"]
+    assert all(n["attrs"].get("activation") == "relu" for n in winograd)
+    assert all(sorted(by_time["source"][k]["op"] for k in n["covers"]) == ["BatchNormalization", "Conv", "Relu"]
+               for n in winograd)
+    assert "BatchNormalization" not in by_time["graph"]["ops"]

@@ -107,6 +107,56 @@ def test_winograd_conv_in_other_float_types(dtype):
     assert scale_relative_error(ours, want) <= (2e-3 if dtype == np.float16 else 1e-5)
 
 
+@pytest.mark.parametrize(("activation", "params", "onnx_op", "onnx_attrs"), [
+    ("relu", [], "Relu", {}),
+    ("leaky_relu", [0.2], "LeakyRelu", {"alpha": 0.2}),
+    ("clip", [-0.5, 0.7], None, {}),
+])
+def test_winograd_conv_with_an_activation_equals_onnxruntime(activation, params, onnx_op, onnx_attrs):
+    x, w, b = randn(2, 4, 7, 6), randn(5, 4, 3, 3), randn(5)
+    attrs = {"pads": [1, 1, 1, 1], "activation": activation, "activation_params": params}
+    graph = op_graph("WinogradConv", [("x", x), ("w", w), ("u", winograd_weights(w)), ("b", b)], attrs)
+    conv = onnxruntime_conv(x, w, b, {"pads": [1, 1, 1, 1]}).astype(np.float64)
+    if onnx_op == "Relu":
+        want = np.maximum(conv, 0)
+    elif onnx_op == "LeakyRelu":
+        want = np.where(conv < 0, 0.2 * conv, conv)
+    else:
+        want = np.clip(conv, -0.5, 0.7)
+    feeds = {"x": x, "w": w, "u": winograd_weights(w), "b": b}
+    assert scale_relative_error(graph.run(feeds)["y"], want) <= 1e-4
+    exported = run_onnxruntime(egraft.to_onnx(graph), feeds, exact=True)["y"]  # body: act(Conv(X, W, B))
+    assert scale_relative_error(exported, want) <= 1e-5
+
+
+def test_a_fused_conv_gets_a_winograd_twin_with_its_activation():
+    # Conv 3x3 -> BatchNormalization -> Relu: folding and fusion make one FusedConv {relu},
+    # whose twin is one WinogradConv {relu}; a compute-poor profile picks it.
+    from egraft.extract.cost import Roofline
+    from egraft.extract.profiles import Profile
+
+    x, w = randn(1, 8, 12, 12), randn(8, 8, 3, 3)
+    scale, shift, mean = randn(8), randn(8), randn(8)
+    var = RNG.uniform(0.5, 1.5, 8).astype(np.float32)
+    inits = [numpy_helper.from_array(a, k) for k, a in (("w", w), ("s", scale), ("t", shift), ("m", mean),
+                                                         ("v", var))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "t", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "conv_bn_relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    slow_arithmetic = Roofline(Profile("slow", "cpu", peak_gflops=10.0, bandwidth_gbs=1000.0, launch_us=1.0))
+    result = optimize(egraft.load(model), rules_off=["layout"], cost=slow_arithmetic, extractor="ilp")
+    [node] = result.graph.nodes
+    assert (node.op, node.attrs.get("activation")) == ("WinogradConv", "relu")
+    assert result.saturation.rules["winograd_fused_conv"].applied == 1
+    want = run_onnxruntime(model, {"x": x}, exact=True)["y"]
+    assert scale_relative_error(result.graph.run({"x": x})["y"], want) <= 1e-4
+    assert scale_relative_error(run_onnxruntime(egraft.to_onnx(result.graph), {"x": x}, exact=True)["y"], want) <= 1e-4
+
+
 def test_winograd_weights_are_g_w_gt_and_export():
     w = randn(3, 2, 3, 3)
     graph = op_graph("WinogradWeights", [("w", w)])

@@ -4,8 +4,9 @@
 - ``WinogradWeights(W)``: the transformed filters ``U = G W G^T`` per (output, input) channel
   pair, ``[O, I, 3, 3] -> [O, I, 4, 4]``. Its input is a constant in practice, so the folding
   rules evaluate it at compile time.
-- ``WinogradConv(X, W, U?, B?)``: ``Conv(X, W, B)`` for a 2-D 3x3 kernel with unit strides and
-  dilations and one group, computed by Winograd's algorithm: each 4x4 input tile ``d`` becomes
+- ``WinogradConv(X, W, U?, B?)``: ``act(Conv(X, W, B))`` for a 2-D 3x3 kernel with unit strides
+  and dilations and one group (``activation`` as FusedConv's, default none), computed by
+  Winograd's algorithm: each 4x4 input tile ``d`` becomes
   ``V = B^T d B``, the elementwise products ``U * V`` are summed over the input channels (16
   matrix products) and each sum ``M`` gives a 2x2 output tile ``A^T M A``. ``U`` is
   ``WinogradWeights(W)``; when it is omitted the kernel computes it from ``W``.
@@ -26,7 +27,17 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from egraft.ir.dims import dims_conflict
 from egraft.ir.ops._common import fail, same_float_dtype
-from egraft.ir.ops.fused import CONV_ATTR_SPECS, CONV_ATTRS, DOMAIN, _Body, _set_attrs, _work_dtype
+from egraft.ir.ops.fused import (
+    CONV_ATTR_SPECS,
+    CONV_ATTRS,
+    DOMAIN,
+    _activate,
+    _activation_attrs,
+    _Body,
+    _check_activation,
+    _set_attrs,
+    _work_dtype,
+)
 from egraft.ir.ops.nn_spatial import _window, conv_infer
 from egraft.ir.registry import InferContext, register_op
 from egraft.ir.types import TensorType
@@ -126,6 +137,7 @@ def _check_geometry(ctx: InferContext) -> None:
 def _conv_infer(ctx: InferContext) -> list[TensorType]:
     same_float_dtype(ctx)
     _check_geometry(ctx)
+    _check_activation(ctx)
     out = conv_infer(ctx)[0]
     if ctx.has_input(3) and ctx.types[3].shape is not None:
         b = ctx.types[3].shape
@@ -140,24 +152,25 @@ def _conv_infer(ctx: InferContext) -> list[TensorType]:
 
 
 def _conv_compute(ctx, x, w, u=None, b=None):
-    """Conv(X, W, B) by F(2x2, 3x3), with ``u`` = WinogradWeights(W) when given."""
+    """act(Conv(X, W, B)) by F(2x2, 3x3), with ``u`` = WinogradWeights(W) when given."""
     work = _work_dtype(x.dtype)
     outs, begins, _ = _window(ctx, [3, 3]).resolve(x.shape[2:])
     u = winograd_weights(w.astype(work, copy=False)) if u is None else u.astype(work, copy=False)
     y = winograd_conv2d(x.astype(work, copy=False), u, (outs[0], outs[1]), (begins[0], begins[1]))
     if b is not None:
         y += b.astype(work, copy=False).reshape(1, -1, 1, 1)
-    return [y.astype(x.dtype, copy=False)]
+    return [_activate(ctx, y).astype(x.dtype, copy=False)]
 
 
 def _conv_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["X", "W", "U", "B"])
     inputs = [body.input(0), body.input(1)] + ([body.input(3)] if body.has(3) else [])
-    return body.function(body.add("Conv", *inputs, **_set_attrs(node, CONV_ATTRS)))
+    return body.function(body.activation(body.add("Conv", *inputs, **_set_attrs(node, CONV_ATTRS))))
 
 
 register_op(
     "WinogradConv", domain=DOMAIN,
-    attrs=dict(CONV_ATTR_SPECS),  # inference accepts only 3x3, stride 1, dilation 1, group 1
+    attrs={**CONV_ATTR_SPECS, **_activation_attrs()},  # inference accepts only 3x3, stride 1, dilation 1, group 1
     infer=_conv_infer, compute=_conv_compute, onnx_function=_conv_function,
-    doc="Conv(X, W, B) with a 3x3 stride-1 kernel by Winograd F(2x2, 3x3); U = WinogradWeights(W) optional")
+    doc="act(Conv(X, W, B)) with a 3x3 stride-1 kernel by Winograd F(2x2, 3x3); U = WinogradWeights(W) "
+        "optional")

@@ -59,8 +59,7 @@ def _winograd(ctx: WorkContext) -> Work:
     tiles = n * math.ceil(ho / _TILE_OUT) * math.ceil(wo / _TILE_OUT)
     item = ctx.output_itemsizes[0]
     flops = 2.0 * _TILE_IN * m * c * tiles + _INPUT_TRANSFORM_OPS * c * tiles + _OUTPUT_TRANSFORM_OPS * m * tiles
-    if ctx.has_input(3):
-        flops += ctx.out_elems
+    flops += ctx.out_elems * (ctx.has_input(3) + (1 if ctx.attr("activation", "") else 0))  # bias, activation
     buffers = (_TILE_IN * c * tiles + _TILE_IN * m * tiles) * item  # V and M, each written then read
     weights = ctx.input_bytes(2) if ctx.has_input(2) else ctx.input_bytes(1)
     if not ctx.has_input(2):
