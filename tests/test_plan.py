@@ -230,3 +230,15 @@ def test_the_nodes_cost_model_extracts_fewer_ops_than_roofline(resnet_plans, tmp
     assert all(sorted(by_time["source"][k]["op"] for k in n["covers"]) == ["BatchNormalization", "Conv", "Relu"]
                for n in winograd)
     assert "BatchNormalization" not in by_time["graph"]["ops"]
+
+
+def test_the_target_picks_the_profile_and_the_plan_says_so():
+    cuda = json.loads(_invoke("plan", "squeezenet", "--target", "cuda", "--json", "--reproducible").stdout)
+    cpu = json.loads(_invoke("plan", "squeezenet", "--json", "--reproducible").stdout)
+    assert cuda["settings"]["target"] == "cuda" and cuda["settings"]["cost_model"]["profile"]["name"] == "cuda-h200"
+    assert cpu["settings"]["target"] == "cpu" and cpu["settings"]["cost_model"]["profile"]["name"] == "cpu-host"
+    # The same ops cost far less on the H200's 67 TFLOP/s and 4.8 TB/s than on one CPU core.
+    assert cuda["cost"]["unit"] == cpu["cost"]["unit"] == "us"
+    assert 10 * cuda["cost"]["total"] < cpu["cost"]["total"]
+    wrong = runner.invoke(app, ["plan", "squeezenet", "--target", "tpu"])
+    assert wrong.exit_code == 2 and "--target tpu: unknown target; known: cpu, cuda" in wrong.output
