@@ -1,0 +1,1 @@
+"""Kernel generators: ``cpu/`` emits LLVM IR (llvmlite) for the host CPU."""

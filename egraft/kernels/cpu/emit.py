@@ -1,0 +1,307 @@
+"""What a CPU kernel generator works with: :class:`KernelContext`, one LLVM function being
+emitted for one IR node, and the IR helpers every generator shares (loops, dims, math).
+
+The kernel ABI is one signature for every kernel::
+
+    void kernel(i8** table, i64* dims)
+
+``table`` holds the address of every buffer of the compiled model (inputs, constants,
+intermediates, outputs), ``dims`` the value of every symbolic dim; a kernel knows at
+compile time which table entries are its operands and which dims entries its shapes
+read, so a call passes two pointers, whatever the op. Shapes whose dims are all integers
+become constants in the code (LLVM then unrolls and vectorizes with known trip counts);
+symbolic dims are read from ``dims``, so one compiled kernel serves every value of them.
+
+A generator that cannot handle a node (a dtype, an attribute value) raises
+:class:`Unsupported` with the reason; the node then runs on its reference kernel and the
+compile report says why.
+
+Example (a generator)::
+
+    @register_kernel("Relu")
+    def relu(ctx: KernelContext) -> None:
+        emit_elementwise(ctx, lambda b, xs: ctx.math.relu(xs[0]), [0])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sympy
+from llvmlite import ir
+
+from egraft.ir.dtypes import DType
+from egraft.ir.graph import Graph, Node
+from egraft.ir.registry import OpDef
+from egraft.ir.types import TensorType
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+F32 = ir.FloatType()
+F64 = ir.DoubleType()
+I8P = I8.as_pointer()
+KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer()])
+
+#: The LLVM type of each dtype a kernel can compute in.
+LLVM_TYPES: dict[DType, ir.Type] = {
+    DType.FLOAT32: F32, DType.FLOAT64: F64,
+    DType.INT64: I64, DType.INT32: I32, DType.INT8: I8, DType.UINT8: I8, DType.BOOL: I8,
+}
+
+
+class Unsupported(Exception):
+    """A generator cannot compile this node; the message says why (shown in the report)."""
+
+
+def llvm_type(dtype: DType) -> ir.Type:
+    """The LLVM element type of ``dtype``; :class:`Unsupported` for the others."""
+    if dtype not in LLVM_TYPES:
+        raise Unsupported(f"dtype {dtype.short} has no generated code")
+    return LLVM_TYPES[dtype]
+
+
+def is_float(t: ir.Type) -> bool:
+    return isinstance(t, ir.FloatType | ir.DoubleType)
+
+
+class KernelContext:
+    """One kernel being emitted: the node, its operand types and attributes, and an
+    ``ir.IRBuilder`` positioned inside ``void name(i8** table, i64* dims)``.
+
+    Attributes:
+        node: the IR node.
+        graph: the graph it belongs to (for its constants).
+        builder: where code goes.
+        math: :class:`MathEmitter` for exp, log, tanh, erf...
+    """
+
+    def __init__(self, module: ir.Module, name: str, node: Node, graph: Graph, opdef: OpDef, opset: int,
+                 slots: Mapping[str, int], dim_index: Mapping[str, int]):
+        self.module = module
+        self.name = name
+        self.node = node
+        self.graph = graph
+        self.opdef = opdef
+        self.opset = opset
+        self._slots = slots
+        self._dim_index = dim_index
+        self._defaults = opdef.attr_defaults(opset)
+        self.function = ir.Function(module, KERNEL_TYPE, name)
+        self.table, self.dims = self.function.args
+        self.table.name, self.dims.name = "table", "dims"
+        self._entry = self.function.append_basic_block("entry")
+        self._start = self.function.append_basic_block("start")
+        self.builder = ir.IRBuilder(self._start)
+        self.math = MathEmitter(module, self.builder)
+        self._dim_cache: dict[Any, ir.Value] = {}
+
+    # ---- the node ---------------------------------------------------------------------------
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute ``name`` as set on the node, else the op's default, else ``default``."""
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        value = self._defaults.get(name)
+        return default if value is None else value
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.inputs) and self.node.inputs[i] is not None
+
+    def in_type(self, i: int) -> TensorType:
+        return self.node.inputs[i].type
+
+    def out_type(self, j: int = 0) -> TensorType:
+        return self.node.outputs[j].type
+
+    def constant(self, i: int):
+        """The array of input ``i`` when it is a constant (weights), else ``None``."""
+        v = self.node.inputs[i]
+        return None if v is None or v.const is None else self.graph.constants[v.const]
+
+    def shape(self, t: TensorType) -> tuple:
+        if t.shape is None:
+            raise Unsupported("an operand of unknown rank")
+        return tuple(t.shape)
+
+    # ---- operands -----------------------------------------------------------------------------
+    def _pointer(self, value_name: str, element: ir.Type) -> ir.Value:
+        slot = self._slots[value_name]
+        with self._at_entry():
+            raw = self._entry_builder.load(self._entry_builder.gep(self.table, [ir.Constant(I64, slot)]))
+            return self._entry_builder.bitcast(raw, element.as_pointer(), name=f"p{slot}")
+
+    def in_ptr(self, i: int) -> ir.Value:
+        """Input ``i``'s buffer, typed as a pointer to its element type."""
+        v = self.node.inputs[i]
+        return self._pointer(v.name, llvm_type(v.type.dtype))
+
+    def out_ptr(self, j: int = 0) -> ir.Value:
+        """Output ``j``'s buffer, typed as a pointer to its element type."""
+        v = self.node.outputs[j]
+        return self._pointer(v.name, llvm_type(v.type.dtype))
+
+    # ---- dims ---------------------------------------------------------------------------------
+    def dim(self, d) -> ir.Value:
+        """An ``i64`` holding dim ``d`` (an int or a sympy expression over the symbolic dims).
+
+        Integer dims become constants; symbols are read once, in the entry block, from the
+        ``dims`` argument.
+        """
+        if isinstance(d, int | sympy.Integer):
+            return ir.Constant(I64, int(d))
+        key = sympy.sympify(d)
+        if key in self._dim_cache:
+            return self._dim_cache[key]
+        with self._at_entry():
+            value = self._dim_expr(key, self._entry_builder)
+        self._dim_cache[key] = value
+        return value
+
+    def _dim_expr(self, e: sympy.Expr, b: ir.IRBuilder) -> ir.Value:
+        if e.is_Integer:
+            return ir.Constant(I64, int(e))
+        if e.is_Symbol:
+            if e.name not in self._dim_index:
+                raise Unsupported(f"dim {e.name} is not known when the kernel runs")
+            return b.load(b.gep(self.dims, [ir.Constant(I64, self._dim_index[e.name])]), name=e.name)
+        if e.is_Add:
+            parts = [self._dim_expr(a, b) for a in e.args]
+            out = parts[0]
+            for p in parts[1:]:
+                out = b.add(out, p)
+            return out
+        if e.is_Mul:
+            parts = [self._dim_expr(a, b) for a in e.args]
+            out = parts[0]
+            for p in parts[1:]:
+                out = b.mul(out, p)
+            return out
+        if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+            base = self._dim_expr(e.base, b)
+            out = base
+            for _ in range(int(e.exp) - 1):
+                out = b.mul(out, base)
+            return out
+        if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
+            num, den = sympy.fraction(e.args[0])
+            if den.is_Integer:
+                return b.sdiv(self._dim_expr(num, b), ir.Constant(I64, int(den)))
+        if isinstance(e, sympy.Max | sympy.Min):
+            parts = [self._dim_expr(a, b) for a in e.args]
+            out = parts[0]
+            for p in parts[1:]:
+                pick = b.icmp_signed(">" if isinstance(e, sympy.Max) else "<", out, p)
+                out = b.select(pick, out, p)
+            return out
+        raise Unsupported(f"dim expression {e} has no generated code")
+
+    def numel(self, shape: Sequence) -> ir.Value:
+        """The product of ``shape``'s dims as an ``i64``."""
+        total = sympy.Integer(1)
+        for d in shape:
+            total = total * d
+        return self.dim(sympy.expand(total))
+
+    # ---- control flow --------------------------------------------------------------------------
+    @contextmanager
+    def _at_entry(self) -> Iterator[None]:
+        if not hasattr(self, "_entry_builder"):
+            self._entry_builder = ir.IRBuilder(self._entry)
+        yield
+
+    def alloca(self, t: ir.Type, name: str = "") -> ir.Value:
+        """A stack slot in the entry block (LLVM promotes it to a register)."""
+        with self._at_entry():
+            return self._entry_builder.alloca(t, name=name)
+
+    @contextmanager
+    def loop(self, count: ir.Value | int, name: str = "i", start: ir.Value | int = 0) -> Iterator[ir.Value]:
+        """``for i in range(start, count)``: yields the ``i64`` index; code emitted inside
+        the ``with`` block is the body."""
+        b = self.builder
+        count = ir.Constant(I64, count) if isinstance(count, int) else count
+        start = ir.Constant(I64, start) if isinstance(start, int) else start
+        var = self.alloca(I64, name=f"{name}.var")
+        b.store(start, var)
+        cond = self.function.append_basic_block(f"{name}.cond")
+        body = self.function.append_basic_block(f"{name}.body")
+        done = self.function.append_basic_block(f"{name}.end")
+        b.branch(cond)
+        b.position_at_end(cond)
+        i = b.load(var, name=name)
+        b.cbranch(b.icmp_signed("<", i, count), body, done)
+        b.position_at_end(body)
+        yield i
+        b.store(b.add(i, ir.Constant(I64, 1)), var)
+        b.branch(cond)
+        b.position_at_end(done)
+
+    def finish(self) -> None:
+        """Close the function: the entry block falls through to the code."""
+        with self._at_entry():
+            self._entry_builder.branch(self._start)
+        if not self.builder.block.is_terminated:
+            self.builder.ret_void()
+
+
+class MathEmitter:
+    """Scalar math in LLVM IR: intrinsics where LLVM has them (vectorizable), libm calls
+    otherwise (tanh, erf)."""
+
+    def __init__(self, module: ir.Module, builder: ir.IRBuilder):
+        self.module = module
+        self.b = builder
+
+    def _function(self, name: str, t: ir.Type, arity: int = 1) -> ir.Function:
+        if name in self.module.globals:
+            return self.module.globals[name]
+        return ir.Function(self.module, ir.FunctionType(t, [t] * arity), name)
+
+    def _intrinsic(self, base: str, x: ir.Value, *more: ir.Value) -> ir.Value:
+        suffix = "f32" if x.type == F32 else "f64"
+        return self.b.call(self._function(f"llvm.{base}.{suffix}", x.type, 1 + len(more)), [x, *more])
+
+    def _libm(self, base: str, x: ir.Value) -> ir.Value:
+        return self.b.call(self._function(base + ("f" if x.type == F32 else ""), x.type), [x])
+
+    def const(self, t: ir.Type, v: float) -> ir.Value:
+        return ir.Constant(t, float(v)) if is_float(t) else ir.Constant(t, int(v))
+
+    def exp(self, x):
+        return self._intrinsic("exp", x)
+
+    def log(self, x):
+        return self._intrinsic("log", x)
+
+    def sqrt(self, x):
+        return self._intrinsic("sqrt", x)
+
+    def fabs(self, x):
+        return self._intrinsic("fabs", x)
+
+    def maximum(self, a, b):
+        """max(a, b) propagating NaN, as numpy's maximum."""
+        return self._intrinsic("maximum", a, b)
+
+    def minimum(self, a, b):
+        return self._intrinsic("minimum", a, b)
+
+    def tanh(self, x):
+        return self._libm("tanh", x)
+
+    def erf(self, x):
+        return self._libm("erf", x)
+
+    def relu(self, x):
+        """max(x, 0), NaN kept (as numpy's maximum)."""
+        zero = self.const(x.type, 0)
+        if is_float(x.type):
+            return self.b.select(self.b.fcmp_ordered("<", x, zero), zero, x)
+        return self.b.select(self.b.icmp_signed("<", x, zero), zero, x)
+
+    def sigmoid(self, x):
+        one = self.const(x.type, 1.0)
+        return self.b.fdiv(one, self.b.fadd(one, self.exp(self.b.fneg(x))))

@@ -1,0 +1,180 @@
+"""Lowering: an IR graph becomes a schedule of steps, an arena layout and one LLVM module
+of kernels, wrapped as a :class:`egraft.lowering.runtime.CompiledModel`.
+
+Each node becomes one step:
+
+- a **kernel**: the op has a generator (:mod:`egraft.kernels.cpu`), emitted into its own
+  function ``void k<n>_<op>(i8** table, i64* dims)``;
+- a **view**: Reshape, Squeeze, Unsqueeze, Flatten, Identity and Dropout (inference) of
+  a contiguous tensor move no data, the output shares its input's storage;
+- a **fallback**: the op's reference kernel (numpy) runs on the arena's buffers; the
+  report names the op and why it has no generated code.
+
+All kernels are linked into one module, optimized at -O3 for the host CPU and compiled
+once; the object code is cached on disk by the module's content (see
+:mod:`egraft.kernels.cpu.llvm`).
+
+Example:
+    >>> compiled = compile_graph(egraft.load("model.onnx"))     # doctest: +SKIP
+    >>> compiled.run({"x": x})["y"]                           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+from egraft.ir.dims import dim_product, dim_symbols
+from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.infer import node_opset, resolve_op
+from egraft.kernels.cpu import find_kernel
+from egraft.kernels.cpu.emit import KernelContext, Unsupported
+from egraft.kernels.cpu.llvm import JitModule, host_cpu
+from egraft.lowering.memory import BufferSpec
+
+#: Ops whose output is its input's storage, reshaped.
+VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node of the schedule: ``kind`` is ``kernel``, ``view`` or ``fallback``;
+    ``function`` names a kernel's LLVM function; ``reason`` says why a node fell back."""
+
+    index: int
+    node: Node
+    kind: str
+    function: str = ""
+    reason: str = ""
+
+
+@dataclass
+class Lowered:
+    """What lowering produced: the schedule, storage, symbols and the module's IR text."""
+
+    graph: Graph
+    steps: list[Step]
+    slots: dict[str, int]
+    storage: dict[str, str]  # value name -> the value whose buffer it uses (itself or a view's root)
+    buffers: list[BufferSpec]
+    symbols: list[str]
+    module_text: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _is_view(node: Node) -> bool:
+    if node.op not in VIEW_OPS or node.domain not in ("", "ai.onnx"):
+        return False
+    outputs = [v for v in node.outputs if v is not None]
+    if len(outputs) != 1 or node.outputs[0] is None or node.inputs[0] is None:
+        return False  # Dropout with its mask output computes
+    return node.inputs[0].type.dtype == outputs[0].type.dtype
+
+
+def _nbytes(v: Value):
+    if v.type.shape is None:
+        return None
+    return dim_product(v.type.shape) * v.type.dtype.numpy.itemsize
+
+
+def lower(graph: Graph) -> Lowered:
+    """Schedule ``graph``, plan its storage and emit its kernels (not yet compiled)."""
+    start = time.perf_counter()
+    values: list[Value] = list(graph.inputs)
+    for node in graph.nodes:
+        values.extend(v for v in node.inputs if v is not None and v.const is not None)
+        values.extend(v for v in node.outputs if v is not None)
+    slots: dict[str, int] = {}
+    for v in values:
+        slots.setdefault(v.name, len(slots))
+    symbols = sorted({s for v in values if v.type.shape is not None for s in dim_symbols(v.type.shape)})
+    dim_index = {s: k for k, s in enumerate(symbols)}
+
+    module = ir.Module(name=graph.name or "model")
+    module.triple = host_cpu()[0]
+    steps: list[Step] = []
+    output_names = {v.name for v in graph.outputs}
+    storage: dict[str, str] = {}
+    for index, node in enumerate(graph.nodes):
+        if _is_view(node) and node.outputs[0].name not in output_names:
+            storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
+            steps.append(Step(index, node, "view"))
+            continue
+        generator = find_kernel(node.op, node.domain)
+        reason = "no generated code for this op"
+        if generator is not None:
+            name = f"k{index}_{node.op}"
+            scratch = ir.Module(name=name)
+            opset = node_opset(graph, node)
+            ctx = KernelContext(scratch, name, node, graph, resolve_op(node, opset), opset, slots, dim_index)
+            try:
+                generator(ctx)
+                ctx.finish()
+            except Unsupported as e:
+                reason = str(e)
+            else:
+                _merge(module, scratch)
+                steps.append(Step(index, node, "kernel", function=name))
+                continue
+        steps.append(Step(index, node, "fallback", reason=reason))
+    buffers = _buffers(graph, steps, storage)
+    return Lowered(graph, steps, slots, storage, buffers, symbols, str(module),
+                   {"lower": time.perf_counter() - start})
+
+
+def _merge(module: ir.Module, scratch: ir.Module) -> None:
+    """Move the functions of ``scratch`` into ``module`` (declarations shared by name)."""
+    for name, glob in scratch.globals.items():
+        if name in module.globals:
+            continue
+        glob.parent = module
+        module.add_global(glob)
+
+
+def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str]) -> list[BufferSpec]:
+    """Arena buffers: intermediate values (not inputs, constants, outputs or views), with
+    their lifetimes extended over the views that read their storage."""
+    outside = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    sizes: dict[str, object] = {}
+    for k, step in enumerate(steps):
+        for v in step.node.inputs:
+            if v is not None and v.const is None:
+                root = storage.get(v.name, v.name)
+                last[root] = max(last.get(root, k), k)
+        if step.kind == "view":
+            continue
+        for v in step.node.outputs:
+            if v is None or v.name in outside:
+                continue
+            size = _nbytes(v)
+            if size is None:
+                continue  # unknown rank: the step allocates it
+            first[v.name] = k
+            last.setdefault(v.name, k)
+            sizes[v.name] = size
+    return [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)]
+
+
+def compile_lowered(lowered: Lowered, use_cache: bool = True):
+    """Compile the lowered module and wrap it as a runnable model."""
+    from egraft.lowering.runtime import CompiledModel
+
+    start = time.perf_counter()
+    jit = JitModule(lowered.module_text, use_cache=use_cache) if any(s.kind == "kernel" for s in lowered.steps) \
+        else None
+    lowered.seconds["llvm"] = time.perf_counter() - start
+    return CompiledModel(lowered, jit)
+
+
+def compile_graph(graph: Graph, use_cache: bool = True):
+    """Lower and compile ``graph`` for this CPU (see :func:`egraft.compile` for the whole
+    pipeline with rewriting first)."""
+    return compile_lowered(lower(graph), use_cache=use_cache)
+
+
+__all__ = ["Step", "Lowered", "lower", "compile_lowered", "compile_graph", "VIEW_OPS", "llvm"]

@@ -1,0 +1,228 @@
+"""The runtime: :class:`CompiledModel`, a compiled graph that runs on numpy arrays.
+
+A call checks the feeds (dtype, rank, dims; a wrong one is refused naming the input and
+the expected shape), binds the symbolic dims, lays out the arena for those dims (cached
+per distinct binding), fills the table of buffer addresses and runs the steps: kernels
+through one foreign call each (ctypes releases the interpreter lock while native code
+runs), fallbacks through their numpy reference kernels on views of the same buffers.
+
+Threads: every call has its own arena, table and dims, so one CompiledModel may be
+called from several threads at once.
+
+Example:
+    >>> compiled = egraft.compile("model.onnx")                       # doctest: +SKIP
+    >>> compiled.run({"x": np.zeros((1, 3, 224, 224), np.float32)})   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from egraft.errors import ExecutionError
+from egraft.ir.dims import evaluate_dim
+from egraft.ir.graph import Value
+from egraft.ir.infer import node_opset, resolve_op
+from egraft.ir.interpreter import Bindings, check_feeds, run_graph
+from egraft.ir.registry import RunContext
+from egraft.kernels.cpu.llvm import JitModule
+from egraft.lowering.compile import Lowered
+from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
+
+_KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What compilation did: steps by kind, the ops that fell back and why, memory and time.
+
+    Attributes:
+        kernels: nodes that run generated code.
+        views: nodes that move no data.
+        fallbacks: (node label, op, reason) of the nodes on reference kernels.
+        peak_bytes / no_reuse_bytes: the arena with buffer reuse, and without, at the
+            dims the report was made for (``bindings``).
+        seconds: time per stage (``lower``, ``llvm``...).
+        cached: the object code came from the disk cache.
+    """
+
+    kernels: int
+    views: int
+    fallbacks: list[tuple[str, str, str]]
+    peak_bytes: int | None
+    no_reuse_bytes: int | None
+    bindings: dict[str, int]
+    seconds: dict[str, float]
+    cached: bool
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    shift = (-raw.ctypes.data) % ALIGNMENT
+    return raw[shift:shift + nbytes]
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    array = np.ascontiguousarray(array)
+    out = _aligned_empty(max(array.nbytes, 1)).view(np.uint8)[: array.nbytes]
+    out = out.view(array.dtype).reshape(array.shape) if array.nbytes else np.empty(array.shape, array.dtype)
+    out[...] = array
+    return out
+
+
+class CompiledModel:
+    """A graph compiled for this CPU.
+
+    Attributes:
+        graph: the graph it runs (after rewriting, when compiled through egraft.compile).
+        input_names / output_names: as the graph declares them.
+    """
+
+    def __init__(self, lowered: Lowered, jit: JitModule | None):
+        self._lowered = lowered
+        self._jit = jit
+        self.graph = lowered.graph
+        self.input_names = [v.name for v in self.graph.inputs]
+        self.output_names = [v.name for v in self.graph.outputs]
+        self._constants: dict[str, np.ndarray] = {}
+        for step in lowered.steps:
+            for v in step.node.inputs:
+                if v is not None and v.const is not None and v.name not in self._constants:
+                    self._constants[v.name] = _aligned_copy(self.graph.constants[v.const])
+        self._functions = {}
+        for step in lowered.steps:
+            if step.kind == "kernel":
+                address = jit.address(step.function)
+                if not address:
+                    raise ExecutionError(f"{step.node.label}: kernel {step.function} was not compiled")
+                self._functions[step.index] = _KERNEL_CFUNC(address)
+        self._plans: dict[tuple[int, ...], MemoryPlan] = {}
+        self._plans_lock = threading.Lock()
+        self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
+
+    # ---- reports -------------------------------------------------------------------------------
+    @property
+    def steps(self):
+        return list(self._lowered.steps)
+
+    def memory_plan(self, bindings: Mapping[str, int] | None = None) -> MemoryPlan:
+        """The arena layout at ``bindings`` (every symbolic dim of the graph's buffers)."""
+        bindings = dict(bindings or {})
+        key = tuple(bindings.get(s, -1) for s in self._lowered.symbols)
+        with self._plans_lock:
+            plan = self._plans.get(key)
+        if plan is None:
+            plan = plan_memory(self._lowered.buffers, bindings)
+            with self._plans_lock:
+                self._plans[key] = plan
+        return plan
+
+    def report(self, bindings: Mapping[str, int] | None = None) -> CompileReport:
+        """Kernels, views, fallbacks, memory (at ``bindings``, default 1 per symbol) and times."""
+        from egraft.ir.work import default_dim
+
+        steps = self._lowered.steps
+        bindings = {s: (bindings or {}).get(s, default_dim(s)) for s in self._lowered.symbols}
+        try:
+            plan = self.memory_plan(bindings)
+            peak, no_reuse = plan.peak, plan.no_reuse
+        except ValueError:
+            peak = no_reuse = None
+        return CompileReport(
+            kernels=sum(s.kind == "kernel" for s in steps), views=sum(s.kind == "view" for s in steps),
+            fallbacks=[(s.node.label, s.node.op, s.reason) for s in steps if s.kind == "fallback"],
+            peak_bytes=peak, no_reuse_bytes=no_reuse, bindings=bindings, seconds=dict(self._lowered.seconds),
+            cached=bool(self._jit and self._jit.cached))
+
+    # ---- running -------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run on ``feeds`` (input name -> array); returns output name -> array, in the
+        graph's output order. Raises :class:`egraft.errors.InputError` for a missing,
+        unknown or mis-shaped input."""
+        lowered = self._lowered
+        arrays, bindings = check_feeds(self.graph, feeds)
+        symbols = lowered.symbols
+        dims = np.array([bindings.get(s, 0) for s in symbols], np.int64)
+        bound = {s: int(v) for s, v in zip(symbols, dims) if v}
+        plan = self.memory_plan(bound)
+        arena = _aligned_empty(max(plan.peak, 1))
+        table = np.zeros(len(lowered.slots), np.uint64)
+        env: dict[str, np.ndarray] = {}
+
+        def place(v: Value, array: np.ndarray) -> None:
+            env[v.name] = array
+            table[lowered.slots[v.name]] = array.ctypes.data
+
+        for v in self.graph.inputs:
+            place(v, np.ascontiguousarray(arrays[v.name]))
+        for name, array in self._constants.items():
+            env[name] = array
+            table[lowered.slots[name]] = array.ctypes.data
+        outputs = {v.name for v in self.graph.outputs}
+        for step in lowered.steps:
+            for v in step.node.outputs:
+                if v is None:
+                    continue
+                if v.name in plan.offsets:
+                    shape = self._shape(v, bound)
+                    offset = plan.offsets[v.name]
+                    place(v, arena[offset:offset + plan.sizes[v.name]].view(v.type.dtype.numpy).reshape(shape))
+                elif v.name in outputs and step.kind == "kernel":
+                    place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
+        table_address, dims_address = table.ctypes.data, dims.ctypes.data
+        for step in lowered.steps:
+            if step.kind == "kernel":
+                self._functions[step.index](table_address, dims_address)
+            elif step.kind == "view":
+                out = step.node.outputs[0]
+                source = env[step.node.inputs[0].name] if step.node.inputs[0].const is None \
+                    else self._constants[step.node.inputs[0].name]
+                place(out, source.reshape(self._shape(out, bound)))
+            else:
+                self._fallback(step, env, table, bound, dims)
+        return {v.name: env[v.name] if v.const is None else self._constants[v.name].copy()
+                for v in self.graph.outputs}
+
+    def _shape(self, v: Value, bound: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(int(evaluate_dim(d, bound)) for d in v.type.shape)
+
+    def _fallback(self, step, env, table, bound, dims) -> None:
+        node = step.node
+        opset = self._opsets[step.index]
+        op = resolve_op(node, opset)
+        from egraft.ir.onnx_fallback import onnx_compute
+
+        args = [None if v is None else env[v.name] for v in node.inputs]
+        while args and args[-1] is None:
+            args.pop()
+        def run_subgraph(sub, sub_feeds):
+            return run_graph(sub, sub_feeds, outer=env)
+
+        ctx = RunContext(node, op, opset, run_subgraph=run_subgraph)
+        try:
+            with np.errstate(all="ignore"):
+                results = list((op.compute or onnx_compute)(ctx, *args))
+        except Exception as e:  # the reference kernel's own error, named by node
+            raise ExecutionError(f"{node.label} failed: {type(e).__name__}: {e}") from e
+        checker = Bindings(bound)
+        for i, v in enumerate(node.outputs):
+            if v is None:
+                continue
+            result = np.asarray(results[i], dtype=v.type.dtype.numpy)
+            problem = checker.unify(v.type, result, f"{node.label}: output {i}", strict=False)
+            if problem:
+                raise ExecutionError(problem)
+            for k, s in enumerate(self._lowered.symbols):  # data-dependent dims become known here
+                if s in checker and not dims[k]:
+                    dims[k] = checker[s]
+                    bound[s] = checker[s]
+            if v.name in env:
+                np.copyto(env[v.name], result.reshape(env[v.name].shape))
+            else:
+                table[self._lowered.slots[v.name]] = 0
+                env[v.name] = np.ascontiguousarray(result)
+                table[self._lowered.slots[v.name]] = env[v.name].ctypes.data
