@@ -13,6 +13,28 @@ def _isolated_config_dir(tmp_path_factory, monkeypatch):
     """Tests never read or write the user's saved profiles (``egraft calibrate``): a
     calibrated cpu-host profile would change which plans the roofline model extracts."""
     monkeypatch.setenv("EGRAFT_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def check_compiled(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6,
+                   generated: bool = True, exact_onnxruntime: bool = False) -> dict[str, np.ndarray]:
+    """Compile ``model`` for the CPU (no rewriting) and run it: dtypes, shapes and values
+    must agree with onnxruntime. With ``generated`` every node must run on generated code
+    (no reference fallback). Returns egraft's outputs."""
+    import egraft
+    from egraft.lowering.compile import compile_graph
+
+    compiled = compile_graph(egraft.load(model))
+    if generated:
+        fallbacks = compiled.report().fallbacks
+        assert not fallbacks, f"nodes on reference kernels: {fallbacks}"
+    got = compiled.run(feeds)
+    for name, want in run_onnxruntime(model, feeds, exact=exact_onnxruntime).items():
+        assert got[name].dtype == want.dtype, name
+        assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
+        np.testing.assert_allclose(got[name].astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol,
+                                   err_msg=name)
+    return got
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], exact: bool = False) -> dict[str, np.ndarray]:
