@@ -305,3 +305,40 @@ class MathEmitter:
     def sigmoid(self, x):
         one = self.const(x.type, 1.0)
         return self.b.fdiv(one, self.b.fadd(one, self.exp(self.b.fneg(x))))
+
+    def activation(self, name: str, params, x: ir.Value) -> ir.Value:
+        """The fused ops' trailing ``activation`` (see :data:`egraft.ir.ops.fused.ACTIVATIONS`)
+        applied to ``x``, with ``params`` as ``activation_params`` (defaults filled in)."""
+        from egraft.ir.ops.fused import activation_params
+
+        p = activation_params(name, params)
+        b, t = self.b, x.type
+        c = lambda v: self.const(t, v)  # noqa: E731
+        if name == "":
+            return x
+        if name == "relu":
+            return self.relu(x)
+        if name == "leaky_relu":
+            return b.select(b.fcmp_ordered("<", x, c(0)), b.fmul(x, c(p[0])), x)
+        if name == "clip":
+            lo, hi = p
+            if lo != float("-inf"):
+                x = b.select(b.fcmp_ordered("<", x, c(lo)), c(lo), x)
+            if hi != float("inf"):
+                x = b.select(b.fcmp_ordered(">", x, c(hi)), c(hi), x)
+            return x
+        if name == "sigmoid":
+            return self.sigmoid(x)
+        if name == "tanh":
+            return self.tanh(x)
+        if name == "hard_sigmoid":
+            return self.minimum(self.maximum(b.fadd(b.fmul(x, c(p[0])), c(p[1])), c(0)), c(1))
+        if name == "hard_swish":
+            return b.fmul(x, self.minimum(self.maximum(b.fadd(b.fmul(x, c(1 / 6)), c(0.5)), c(0)), c(1)))
+        if name == "gelu":
+            return b.fmul(b.fmul(c(0.5), x), b.fadd(c(1), self.erf(b.fmul(x, c(0.7071067811865476)))))
+        if name == "gelu_tanh":
+            cubic = b.fmul(b.fmul(b.fmul(x, x), x), c(0.044715))
+            inner = b.fmul(c(0.7978845608028654), b.fadd(x, cubic))
+            return b.fmul(b.fmul(c(0.5), x), b.fadd(c(1), self.tanh(inner)))
+        raise Unsupported(f"activation {name!r} has no generated code")
