@@ -5,6 +5,7 @@ The public API:
 - :func:`load` -- an ONNX model (path, bytes or ModelProto) -> :class:`Graph`
 - :meth:`Graph.run` -- run a graph on numpy arrays with the reference executor
 - :func:`save_onnx` -- write any graph as an ONNX model
+- :func:`compile` -- a model to native CPU code: ``compile(m).run(feeds)``
 
 Example:
     >>> import egraft, numpy as np
@@ -21,5 +22,7 @@ from egraft.ir.types import DType, TensorType
 
 __version__ = "0.1.0"
 
-__all__ = ["load", "save_onnx", "to_onnx", "Graph", "Node", "Value", "TensorType", "DType", "EgraftError",
+from egraft.compiler import compile  # noqa: E402  (needs __version__)
+
+__all__ = ["load", "compile", "save_onnx", "to_onnx", "Graph", "Node", "Value", "TensorType", "DType", "EgraftError",
            "__version__"]

@@ -205,8 +205,12 @@ def run(
         help="Replace ConstantOfShape weight fills with seeded random weights first and also return the logits "
              "before a final Softmax (the bundled models' weights are constant fills: uniform outputs prove "
              "little).")] = None,
+    backend: Annotated[str, typer.Option(
+        "--backend", help="cpu: rewrite and compile to native code (cached); reference: egraft's numpy "
+                          "executor on the model as loaded.")] = "cpu",
 ) -> None:
-    """Run a model with the reference executor; inputs not given are generated (arange(n)/n).
+    """Run a model, compiled for this CPU (or with the reference executor); inputs not
+    given are generated (arange(n)/n).
 
     Example: egraft run resnet50 --reweight 0 --check
     """
@@ -225,9 +229,19 @@ def run(
             proto = with_outputs(reweight_model(proto, seed=reweight), logits)
             console.print(f"weights: ConstantOfShape fills replaced by random values (seed {reweight}); "
                           f"the logits before the final Softmax are outputs too: {logits}", markup=False)
+        if backend not in ("cpu", "reference"):
+            raise InputError(f"--backend {backend}: unknown backend; known: cpu, reference")
         graph = egraft.load(proto)
         feeds = _read_inputs(graph, input, bindings)
-        outputs = graph.run(feeds)
+        if backend == "reference":
+            outputs = graph.run(feeds)
+        else:
+            with err_console.status("compiling", spinner="dots"):
+                compiled = egraft.compile(proto)
+            report = compiled.report()
+            console.print(f"compiled: {report.kernels} kernels, {report.views} views, {len(report.fallbacks)} on "
+                          f"reference kernels{' (from the cache)' if compiled.cache_hit else ''}", markup=False)
+            outputs = compiled.run(feeds)
     except EgraftError as e:
         raise _fail(str(e)) from None
     table = Table(title=f"{path.name}: outputs")
@@ -489,7 +503,7 @@ def rules_check(
         raise typer.Exit(code=1)
 
 
-from egraft import cli_plan  # noqa: E402,F401  (registers plan, diff, explain, calibrate)
+from egraft import cli_compile, cli_plan  # noqa: E402,F401  (register plan, diff, explain, calibrate, compile...)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,6 +38,18 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
 @dataclass(frozen=True)
+class StepTiming:
+    """When one step ran: node index, label and op, step kind, start and end (ns)."""
+
+    index: int
+    label: str
+    op: str
+    kind: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
 class CompileReport:
     """What compilation did: steps by kind, the ops that fell back and why, memory and time.
 
@@ -48,6 +61,7 @@ class CompileReport:
             dims the report was made for (``bindings``).
         seconds: time per stage (``lower``, ``llvm``...).
         cached: the object code came from the disk cache.
+        cache_hit: the whole compiled model came from egraft.compile's cache.
     """
 
     kernels: int
@@ -58,6 +72,7 @@ class CompileReport:
     bindings: dict[str, int]
     seconds: dict[str, float]
     cached: bool
+    cache_hit: bool = False
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
@@ -86,6 +101,8 @@ class CompiledModel:
         self._lowered = lowered
         self._jit = jit
         self.graph = lowered.graph
+        #: The LLVM IR of the kernels, as compiled.
+        self.module_text = lowered.module_text
         self.input_names = [v.name for v in self.graph.inputs]
         self.output_names = [v.name for v in self.graph.outputs]
         self._constants: dict[str, np.ndarray] = {}
@@ -103,6 +120,8 @@ class CompiledModel:
         self._plans: dict[tuple[int, ...], MemoryPlan] = {}
         self._plans_lock = threading.Lock()
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
+        #: True when :func:`egraft.compile` read this model from its cache.
+        self.cache_hit = False
 
     # ---- reports -------------------------------------------------------------------------------
     @property
@@ -136,13 +155,16 @@ class CompiledModel:
             kernels=sum(s.kind == "kernel" for s in steps), views=sum(s.kind == "view" for s in steps),
             fallbacks=[(s.node.label, s.node.op, s.reason) for s in steps if s.kind == "fallback"],
             peak_bytes=peak, no_reuse_bytes=no_reuse, bindings=bindings, seconds=dict(self._lowered.seconds),
-            cached=bool(self._jit and self._jit.cached))
+            cached=bool(self._jit and self._jit.cached), cache_hit=self.cache_hit)
 
     # ---- running -------------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], profile: list | None = None) -> dict[str, np.ndarray]:
         """Run on ``feeds`` (input name -> array); returns output name -> array, in the
         graph's output order. Raises :class:`egraft.errors.InputError` for a missing,
-        unknown or mis-shaped input."""
+        unknown or mis-shaped input.
+
+        ``profile``, when given, receives one :class:`StepTiming` per step (start and end
+        in ``time.perf_counter_ns`` units)."""
         lowered = self._lowered
         arrays, bindings = check_feeds(self.graph, feeds)
         symbols = lowered.symbols
@@ -174,7 +196,9 @@ class CompiledModel:
                 elif v.name in outputs and step.kind == "kernel":
                     place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
         table_address, dims_address = table.ctypes.data, dims.ctypes.data
+        clock = time.perf_counter_ns
         for step in lowered.steps:
+            started = clock() if profile is not None else 0
             if step.kind == "kernel":
                 self._functions[step.index](table_address, dims_address)
             elif step.kind == "view":
@@ -184,6 +208,8 @@ class CompiledModel:
                 place(out, source.reshape(self._shape(out, bound)))
             else:
                 self._fallback(step, env, table, bound, dims)
+            if profile is not None:
+                profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
         return {v.name: env[v.name] if v.const is None else self._constants[v.name].copy()
                 for v in self.graph.outputs}
 

@@ -1,0 +1,163 @@
+"""``egraft.compile``: a model to a :class:`~egraft.lowering.runtime.CompiledModel` in one
+call: load, rewrite and extract (:func:`egraft.optimize.optimize`), lower, generate and
+compile the kernels.
+
+Compiled models are cached on disk (``$EGRAFT_CACHE_DIR``, else ``~/.cache/egraft``,
+under ``compiled/``). The key is the SHA-256 of everything that decides the result: the
+model's bytes, the rule files' contents, the settings (rule sets off, bound dims, cost
+model, extractor, rewriting on or off), egraft's own source files (so an edited egraft
+never reads an entry an older one wrote), llvmlite's version and the host CPU (name and
+features). A hit skips rewriting and LLVM: it reads the lowered schedule and the object
+code back. :func:`clear_cache` empties the cache; ``use_cache=False`` neither reads nor
+writes it. Entries are Python pickles of egraft's own data: the cache dir must be as
+trusted as egraft's install.
+
+Example:
+    >>> compiled = egraft.compile("model.onnx", shape={"batch": 1})    # doctest: +SKIP
+    >>> compiled.run({"x": x})                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+
+from egraft.errors import EgraftError
+from egraft.ir.graph import Graph
+
+TARGETS = ("cpu",)
+CACHE_FORMAT = 1
+
+
+@cache
+def _source_digest() -> str:
+    """SHA-256 over egraft's own .py, .rules and .toml files."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".rules", ".toml") and "__pycache__" not in path.parts:
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _model_bytes(model) -> tuple[bytes, Graph | None]:
+    import onnx
+
+    from egraft.frontend.onnx_import import read_model
+
+    if isinstance(model, Graph):
+        return pickle.dumps((str(model), sorted(model.constants))), model
+    if isinstance(model, onnx.ModelProto):
+        return model.SerializeToString(deterministic=True), None
+    if isinstance(model, bytes | bytearray):
+        return bytes(model), None
+    return read_model(Path(model)).SerializeToString(deterministic=True), None
+
+
+def cache_root() -> Path:
+    """The folder of compiled models in the cache."""
+    from egraft.kernels.cpu.llvm import cache_dir
+
+    return cache_dir() / "compiled"
+
+
+def clear_cache() -> int:
+    """Delete every cached compiled model and object file; returns the number of files removed."""
+    from egraft.kernels.cpu.llvm import cache_dir
+
+    removed = 0
+    for sub in ("compiled", "objects"):
+        folder = cache_dir() / sub
+        if folder.is_dir():
+            removed += sum(1 for p in folder.rglob("*") if p.is_file())
+            shutil.rmtree(folder)
+    return removed
+
+
+def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
+            rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
+            cost: str = "roofline", extractor: str = "greedy", use_cache: bool = True):
+    """Compile ``model`` for ``target``.
+
+    Args:
+        model: an ONNX path, ``onnx.ModelProto``, serialized bytes, or an IR :class:`Graph`.
+        target: ``cpu`` (CUDA comes with the CUDA backend).
+        shape: symbolic dims to bind at compile time (``{"batch": 1}``): a specialized build.
+            Unbound dims stay symbolic; one compiled model serves every value of them.
+        rules / rules_off: extra rule files and rule sets to switch off, as for optimize.
+        rewrite: run the rewrite rules and extraction first (``False`` compiles the graph as is).
+        cost / extractor: the extraction's cost model and extractor.
+        use_cache: read and write the compiled-model cache.
+
+    Returns:
+        A :class:`egraft.lowering.runtime.CompiledModel`; ``.report()`` says what ran where.
+    """
+    import llvmlite
+
+    from egraft import __version__
+    from egraft.kernels.cpu.llvm import host_cpu
+    from egraft.lowering.compile import compile_lowered, lower
+
+    if target not in TARGETS:
+        raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
+    start = time.perf_counter()
+    data, graph = _model_bytes(model)
+    bindings = dict(sorted((shape or {}).items()))
+    rule_texts = [Path(p).read_bytes() for p in rules]
+    h = hashlib.sha256()
+    for part in (str(CACHE_FORMAT), __version__, _source_digest(), llvmlite.__version__, *host_cpu(), repr(bindings),
+                 repr(sorted(rules_off)), repr(rewrite), cost, extractor, target):
+        h.update(part.encode())
+        h.update(b"\0")
+    for text in rule_texts:
+        h.update(hashlib.sha256(text).digest())
+    h.update(hashlib.sha256(data).digest())
+    key = h.hexdigest()
+    entry = cache_root() / f"{key}.pkl"
+    if use_cache and entry.is_file():
+        try:
+            lowered = pickle.loads(entry.read_bytes())
+        except Exception:  # a damaged entry is rebuilt, never trusted
+            lowered = None
+        if lowered is not None:
+            lowered.seconds = {"cache read": time.perf_counter() - start}
+            compiled = compile_lowered(lowered, use_cache=True)
+            compiled.cache_hit = True
+            return compiled
+    seconds: dict[str, float] = {}
+    if graph is None:
+        import egraft
+
+        t = time.perf_counter()
+        graph = egraft.load(model if not isinstance(model, str) else Path(model))
+        seconds["load"] = time.perf_counter() - t
+    if rewrite:
+        from egraft.optimize import optimize
+
+        t = time.perf_counter()
+        graph = optimize(graph, list(rules), list(rules_off), bindings, cost=cost, extractor=extractor).graph
+        seconds["optimize"] = time.perf_counter() - t
+    elif bindings:
+        from egraft.ir.specialize import specialize
+
+        graph = specialize(graph, bindings)
+    lowered = lower(graph)
+    seconds.update(lowered.seconds)
+    lowered.seconds = seconds
+    compiled = compile_lowered(lowered, use_cache=use_cache)
+    compiled.cache_hit = False
+    if use_cache:
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            tmp = entry.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(lowered, protocol=pickle.HIGHEST_PROTOCOL))
+            tmp.replace(entry)
+        except OSError:
+            pass  # an unwritable cache only costs the next compile its time
+    return compiled
