@@ -55,7 +55,8 @@ def _report_table(compiled, seconds: float) -> None:
         at = ", ".join(f"{k}={v}" for k, v in report.bindings.items())
         ratio = report.peak_bytes / report.no_reuse_bytes if report.no_reuse_bytes else 1.0
         table.add_row(f"arena peak{f' at {at}' if at else ''}", f"{report.peak_bytes / 2**20:.2f} MiB")
-        table.add_row("without buffer reuse", f"{report.no_reuse_bytes / 2**20:.2f} MiB (the peak is {ratio:.2f} of it)")
+        table.add_row("without buffer reuse",
+                      f"{report.no_reuse_bytes / 2**20:.2f} MiB (the peak is {ratio:.2f} of it)")
     table.add_row("compile time", f"{seconds:.2f} s" + (" (from the cache)" if compiled.cache_hit else ""))
     for stage, s in report.seconds.items():
         table.add_row(f"  {stage}", f"{s:.2f} s")
