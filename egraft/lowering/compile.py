@@ -60,6 +60,7 @@ class Lowered:
     slots: dict[str, int]
     storage: dict[str, str]  # value name -> the value whose buffer it uses (itself or a view's root)
     buffers: list[BufferSpec]
+    dynamic: set[str]  # values whose size is known only when their producer runs (data-dependent dims)
     symbols: list[str]
     module_text: str
     seconds: dict[str, float] = field(default_factory=dict)
@@ -120,8 +121,9 @@ def lower(graph: Graph) -> Lowered:
                 steps.append(Step(index, node, "kernel", function=name))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
-    buffers = _buffers(graph, steps, storage)
-    return Lowered(graph, steps, slots, storage, buffers, symbols, str(module),
+    input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
+    buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
+    return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start})
 
 
@@ -134,10 +136,13 @@ def _merge(module: ir.Module, scratch: ir.Module) -> None:
         module.add_global(glob)
 
 
-def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str]) -> list[BufferSpec]:
+def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
+             input_symbols: set[str]) -> tuple[list[BufferSpec], set[str]]:
     """Arena buffers: intermediate values (not inputs, constants, outputs or views), with
-    their lifetimes extended over the views that read their storage."""
+    their lifetimes extended over the views that read their storage; and the values whose
+    size depends on dims that only their producer learns (allocated when it runs)."""
     outside = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+    dynamic: set[str] = set()
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     sizes: dict[str, object] = {}
@@ -149,15 +154,19 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str]) -> list[B
         if step.kind == "view":
             continue
         for v in step.node.outputs:
-            if v is None or v.name in outside:
+            if v is None:
                 continue
             size = _nbytes(v)
-            if size is None:
-                continue  # unknown rank: the step allocates it
+            if size is None or not dim_symbols([size]) <= input_symbols:
+                dynamic.add(v.name)  # unknown rank or data-dependent size: allocated when produced
+                continue
+            if v.name in outside:
+                continue
             first[v.name] = k
             last.setdefault(v.name, k)
             sizes[v.name] = size
-    return [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)]
+    buffers = [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)]
+    return buffers, dynamic
 
 
 def compile_lowered(lowered: Lowered, use_cache: bool = True):

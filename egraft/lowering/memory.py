@@ -12,7 +12,7 @@ computed once per distinct set of bound dims (and cached by the runtime).
 
 Example:
     >>> assign_offsets([100, 100, 100], [(0, 1), (1, 2), (2, 3)])
-    ([0, 128, 0], 228)
+    ([0, 128, 0], 256)
 """
 
 from __future__ import annotations

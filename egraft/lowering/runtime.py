@@ -81,8 +81,13 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
     return raw[shift:shift + nbytes]
 
 
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order, keeping 0-d arrays 0-d (``np.ascontiguousarray`` makes them 1-d)."""
+    return array if array.flags.c_contiguous else np.array(array, order="C")
+
+
 def _aligned_copy(array: np.ndarray) -> np.ndarray:
-    array = np.ascontiguousarray(array)
+    array = _contiguous(np.asarray(array))
     out = _aligned_empty(max(array.nbytes, 1)).view(np.uint8)[: array.nbytes]
     out = out.view(array.dtype).reshape(array.shape) if array.nbytes else np.empty(array.shape, array.dtype)
     out[...] = array
@@ -180,7 +185,7 @@ class CompiledModel:
             table[lowered.slots[v.name]] = array.ctypes.data
 
         for v in self.graph.inputs:
-            place(v, np.ascontiguousarray(arrays[v.name]))
+            place(v, _contiguous(arrays[v.name]))
         for name, array in self._constants.items():
             env[name] = array
             table[lowered.slots[name]] = array.ctypes.data
@@ -193,13 +198,16 @@ class CompiledModel:
                     shape = self._shape(v, bound)
                     offset = plan.offsets[v.name]
                     place(v, arena[offset:offset + plan.sizes[v.name]].view(v.type.dtype.numpy).reshape(shape))
-                elif v.name in outputs and step.kind == "kernel":
+                elif v.name in outputs and step.kind == "kernel" and v.name not in lowered.dynamic:
                     place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
         table_address, dims_address = table.ctypes.data, dims.ctypes.data
         clock = time.perf_counter_ns
         for step in lowered.steps:
             started = clock() if profile is not None else 0
             if step.kind == "kernel":
+                for v in step.node.outputs:
+                    if v is not None and v.name in lowered.dynamic:
+                        place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
                 self._functions[step.index](table_address, dims_address)
             elif step.kind == "view":
                 out = step.node.outputs[0]
@@ -250,5 +258,5 @@ class CompiledModel:
                 np.copyto(env[v.name], result.reshape(env[v.name].shape))
             else:
                 table[self._lowered.slots[v.name]] = 0
-                env[v.name] = np.ascontiguousarray(result)
+                env[v.name] = _contiguous(result)
                 table[self._lowered.slots[v.name]] = env[v.name].ctypes.data

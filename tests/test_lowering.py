@@ -1,0 +1,222 @@
+"""Lowering and the runtime: memory planning, views, reference fallbacks (also of
+data-dependent shapes), threads, the compile cache and the compile/bench/profile/cache
+commands, checked against onnxruntime and numpy."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_onnxruntime, symbolic_batch_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+import egraft
+from egraft.cli import app
+from egraft.lowering.compile import compile_graph, lower
+from egraft.lowering.memory import ALIGNMENT, assign_offsets
+from egraft.optimize import optimize
+from egraft.testing.models import light_model_path
+
+runner = CliRunner()
+
+
+# ---- memory planning ------------------------------------------------------------------------
+def test_assign_offsets_reuses_memory_of_dead_buffers():
+    offsets, peak = assign_offsets([100, 100, 100], [(0, 1), (1, 2), (2, 3)])
+    assert offsets == [0, 128, 0] and peak == 256  # the third reuses the first one's bytes (64-byte aligned)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(0, 10)), min_size=1, max_size=40))
+def test_assign_offsets_never_overlaps_live_buffers(buffers):
+    sizes = [s for s, _, _ in buffers]
+    lifetimes = [(first, first + length) for _, first, length in buffers]
+    offsets, peak = assign_offsets(sizes, lifetimes)
+    for a in range(len(sizes)):
+        assert offsets[a] % ALIGNMENT == 0 and offsets[a] + sizes[a] <= peak
+        for b in range(a):
+            live_together = lifetimes[a][0] <= lifetimes[b][1] and lifetimes[b][0] <= lifetimes[a][1]
+            disjoint = offsets[a] + sizes[a] <= offsets[b] or offsets[b] + sizes[b] <= offsets[a]
+            assert not live_together or disjoint, (a, b)
+    # Never more than every buffer side by side, never less than what is alive at once.
+    assert peak <= sum(-(-s // ALIGNMENT) * ALIGNMENT for s in sizes)
+    most_alive = max(sum(s for s, (f, last) in zip(sizes, lifetimes) if f <= t <= last) for t in range(41))
+    assert peak >= most_alive
+
+
+def test_resnet50_memory_plan_reuses_buffers():
+    compiled = compile_graph(optimize(egraft.load(light_model_path("resnet50"))).graph)
+    report = compiled.report()
+    assert report.peak_bytes <= 0.6 * report.no_reuse_bytes
+    # The largest activation (64 x 112 x 112 floats) must fit.
+    assert report.peak_bytes >= 64 * 112 * 112 * 4
+
+
+# ---- views, fallbacks, symbolic dims ----------------------------------------------------------
+def _nonzero_model() -> onnx.ModelProto:
+    """y = Relu(Gather(x, NonZero(x > 0)[0]) * 2): a data-dependent length between kernels."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["mask"]),
+             helper.make_node("NonZero", ["mask"], ["nz"]),
+             helper.make_node("Squeeze", ["nz", "axis0"], ["idx"]),
+             helper.make_node("Gather", ["x", "idx"], ["picked"]),
+             helper.make_node("Mul", ["picked", "two"], ["scaled"]),
+             helper.make_node("Relu", ["scaled"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+             numpy_helper.from_array(np.array(2, np.float32), "two")]
+    return helper.make_model(helper.make_graph(
+        nodes, "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_data_dependent_length_flows_from_a_fallback_into_kernels():
+    model = _nonzero_model()
+    compiled = compile_graph(egraft.load(model))
+    kinds = {s.node.op: s.kind for s in compiled.steps}
+    assert kinds["NonZero"] == "fallback" and kinds["Mul"] == "kernel" and kinds["Squeeze"] == "view"
+    for n in (5, 17):
+        x = np.random.default_rng(n).normal(size=n).astype(np.float32)
+        got = compiled.run({"x": x})["y"]
+        np.testing.assert_allclose(got, run_onnxruntime(model, {"x": x})["y"], rtol=1e-6)
+        assert got.shape == ((x > 0).sum(),)
+
+
+def test_symbolic_batch_runs_every_batch_from_one_compile_and_refuses_a_wrong_shape():
+    model = symbolic_batch_model()
+    compiled = egraft.compile(model)
+    for batch in (1, 3, 8):
+        x = np.random.default_rng(batch).normal(size=(batch, 2, 3)).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-5,
+                                   atol=1e-6)
+    with pytest.raises(egraft.EgraftError, match=r"input 'x' has shape \[4, 3, 2\], expected \[batch, 2, 3\]"):
+        compiled.run({"x": np.zeros((4, 3, 2), np.float32)})
+    with pytest.raises(egraft.EgraftError, match="missing input 'x'"):
+        compiled.run({})
+
+
+def test_calls_from_several_threads_at_once_are_independent():
+    model = symbolic_batch_model()
+    compiled = egraft.compile(model)
+    inputs = {b: np.random.default_rng(b).normal(size=(b, 2, 3)).astype(np.float32) for b in (1, 2, 5, 9)}
+    want = {b: run_onnxruntime(model, {"x": x})["y"] for b, x in inputs.items()}
+    errors: list = []
+
+    def work(b: int) -> None:
+        for _ in range(50):
+            got = compiled.run({"x": inputs[b]})["y"]
+            if got.shape != want[b].shape or not np.allclose(got, want[b], rtol=1e-5, atol=1e-6):
+                errors.append(b)
+
+    threads = [threading.Thread(target=work, args=(b,)) for b in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_outputs_keep_their_names_and_survive_the_next_call():
+    model = symbolic_batch_model()
+    compiled = egraft.compile(model)
+    x1, x2 = np.ones((2, 2, 3), np.float32), np.zeros((2, 2, 3), np.float32)
+    first = compiled.run({"x": x1})
+    snapshot = first["y"].copy()
+    compiled.run({"x": x2})
+    assert list(first) == [o.name for o in model.graph.output]
+    np.testing.assert_array_equal(first["y"], snapshot)
+
+
+# ---- the compile cache ----------------------------------------------------------------------------
+def test_a_second_compile_comes_from_the_cache_and_an_edit_misses(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    rules = tmp_path / "mine.rules"
+    rules.write_text("ruleset mine\nrule double_negation:\n    Neg(Neg(x)) => x\n")
+    model = symbolic_batch_model()
+    first = egraft.compile(model, rules=[rules])
+    second = egraft.compile(model, rules=[rules])
+    assert not first.cache_hit and second.cache_hit
+    rules.write_text("ruleset mine\nrule double_negation:\n    Neg(Neg(x)) => Neg(Neg(x))\n")
+    assert not egraft.compile(model, rules=[rules]).cache_hit  # the rule file changed
+    assert not egraft.compile(model, rules=[rules], shape={"batch": 2}).cache_hit  # other settings
+    assert not egraft.compile(model, rules=[rules], use_cache=False).cache_hit
+    x = np.ones((2, 2, 3), np.float32)
+    np.testing.assert_allclose(second.run({"x": x})["y"], first.run({"x": x})["y"])
+    from egraft.compiler import clear_cache
+
+    assert clear_cache() > 0
+    assert not egraft.compile(model, rules=[rules]).cache_hit
+
+
+def test_a_damaged_cache_entry_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    model = symbolic_batch_model()
+    egraft.compile(model)
+    for entry in (tmp_path / "cache" / "compiled").glob("*.pkl"):
+        entry.write_bytes(b"not a pickle")
+    again = egraft.compile(model)
+    assert not again.cache_hit
+    x = np.ones((3, 2, 3), np.float32)
+    np.testing.assert_allclose(again.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-5)
+
+
+# ---- the CLI ----------------------------------------------------------------------------------------
+def test_cli_compile_writes_a_build_and_refuses_to_overwrite_it(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(symbolic_batch_model(), src)
+    out = tmp_path / "build"
+    result = runner.invoke(app, ["compile", str(src), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["kernels"] >= 1 and report["peak_bytes"] is not None
+    assert (out / "module.ll").read_text().count("define void @k") == report["kernels"]
+    exported = onnx.load(out / "model.opt.onnx")
+    x = np.ones((2, 2, 3), np.float32)
+    np.testing.assert_allclose(run_onnxruntime(exported, {"x": x})["y"],
+                               run_onnxruntime(symbolic_batch_model(), {"x": x})["y"], rtol=1e-5)
+    again = runner.invoke(app, ["compile", str(src), "-o", str(out)])
+    assert again.exit_code == 2 and "exists; pass --force" in again.output
+
+
+def test_cli_run_compiled_and_reference_agree_with_onnxruntime(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(symbolic_batch_model(), src)
+    for backend in ("cpu", "reference"):
+        result = runner.invoke(app, ["run", str(src), "--shape", "batch=3", "--check", "--backend", backend])
+        assert result.exit_code == 0, result.output
+        assert "yes" in result.output
+    bad = runner.invoke(app, ["run", str(src), "--backend", "gpu"])
+    assert bad.exit_code == 2 and "--backend gpu: unknown backend" in bad.output
+
+
+def test_cli_bench_and_profile(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(symbolic_batch_model(), src)
+    bench = runner.invoke(app, ["bench", str(src), "--shape", "batch=4", "--repeat", "3", "--json"])
+    assert bench.exit_code == 0, bench.output
+    figures = json.loads(bench.stdout)
+    assert figures["egraft_ms"] > 0 and figures["onnxruntime_ms"] > 0
+    assert figures["ratio"] == pytest.approx(figures["egraft_ms"] / figures["onnxruntime_ms"], rel=1e-3)
+    trace = tmp_path / "trace.json"
+    profiled = runner.invoke(app, ["profile", str(src), "--shape", "batch=4", "-o", str(trace), "--runs", "2"])
+    assert profiled.exit_code == 0, profiled.output
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    steps = len(lower(optimize(egraft.load(symbolic_batch_model())).graph).steps)
+    assert len(events) == 2 * steps and all(e["dur"] >= 0 for e in events)
+    assert {e["tid"] for e in events} == {1, 2}
+
+
+def test_cli_cache_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    egraft.compile(symbolic_batch_model())
+    shown = runner.invoke(app, ["cache", "show"])
+    assert shown.exit_code == 0 and str(tmp_path / "cache") in shown.output.replace("\n", "")
+    cleared = runner.invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "removed" in cleared.output
+    assert not list((tmp_path / "cache").rglob("*.pkl"))
