@@ -160,7 +160,8 @@ def _show_ops(as_json: bool) -> None:
 
 
 # ---- run -------------------------------------------------------------------------------------
-def _read_inputs(graph, items: list[str] | None, bindings: dict[str, int]) -> dict[str, np.ndarray]:
+def _read_inputs(graph, items: list[str] | None, bindings: dict[str, int],
+                 quiet: bool = False) -> dict[str, np.ndarray]:
     from egraft.ir.dims import evaluate_dim
 
     feeds: dict[str, np.ndarray] = {}
@@ -186,8 +187,8 @@ def _read_inputs(graph, items: list[str] | None, bindings: dict[str, int]) -> di
                              f"input {v.name!r} has an unknown rank: pass --input {v.name}=FILE.npy")
         n = int(np.prod(shape))
         feeds[v.name] = (np.arange(n).reshape(shape) / max(n, 1)).astype(v.type.dtype.numpy)
-        console.print(f"input {v.name}: generated arange(n)/n with shape {shape} ({v.type.dtype.short})",
-                      markup=False)
+        (err_console if quiet else console).print(
+            f"input {v.name}: generated arange(n)/n with shape {shape} ({v.type.dtype.short})", markup=False)
     return feeds
 
 

@@ -155,7 +155,7 @@ def bench(
         raise _fail("bench needs onnxruntime: pip install 'egraft[dev]'") from None
     try:
         proto, compiled = _compile(model, shape, None, None, False, no_cache)
-        feeds = _read_inputs(egraft.load(proto), None, parse_bindings(shape))
+        feeds = _read_inputs(egraft.load(proto), None, parse_bindings(shape), quiet=as_json)
     except EgraftError as e:
         raise _fail(str(e)) from None
     options = ort.SessionOptions()
@@ -165,8 +165,8 @@ def bench(
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     ours = _median_ms(lambda: compiled.run(feeds), repeat, warmup)
     theirs = _median_ms(lambda: session.run(None, feeds), repeat, warmup)
-    result = {"model": model, "threads": threads, "repeat": repeat, "egraft_ms": round(ours, 4),
-              "onnxruntime_ms": round(theirs, 4), "ratio": round(ours / theirs, 4),
+    result = {"model": model, "threads": threads, "repeat": repeat, "egraft_ms": float(f"{ours:.6g}"),
+              "onnxruntime_ms": float(f"{theirs:.6g}"), "ratio": float(f"{ours / theirs:.6g}"),
               "fallbacks": len(compiled.report().fallbacks)}
     if as_json:
         print(json.dumps(result, indent=1))
