@@ -22,7 +22,8 @@ def _model(op: str, inputs: dict[str, np.ndarray], opset: int = 17, dims: dict |
     dims = dims or {}
     names = list(inputs) + list(initializers or {})
     node = helper.make_node(op, names, ["y"], **attrs)
-    graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(a.dtype), dims.get(k, list(a.shape)))
+    graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                                  dims.get(k, list(a.shape)))
                     for k, a in inputs.items()]
     inits = [numpy_helper.from_array(a, k) for k, a in (initializers or {}).items()]
     return helper.make_model(helper.make_graph([node], "g", graph_inputs,
