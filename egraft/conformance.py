@@ -41,6 +41,8 @@ class CaseResult:
     core: bool
     status: str  # pass | wrong | unsupported | error
     detail: str = ""
+    #: backend cpu: True when some node ran on its reference kernel (no generated code).
+    fallback: bool = False
 
 
 def collect_cases():
@@ -87,15 +89,25 @@ def _close(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -
     return f"max abs error {err:.3g} (rtol={rtol}, atol={atol})"
 
 
-def run_case(case) -> CaseResult:
-    """Run one conformance case through egraft."""
+def run_case(case, backend: str = "reference") -> CaseResult:
+    """Run one conformance case through egraft: with the reference executor, or compiled
+    for the CPU (``backend="cpu"``: the model as loaded, no rewriting, so each case tests
+    the generated kernels of its ops)."""
     import egraft
 
     model = case.model
     core = is_core(model)
     ops = case_ops(model)
+    fallback = False
     try:
         graph = egraft.load(model)
+        run = graph.run
+        if backend == "cpu":
+            from egraft.lowering.compile import compile_graph
+
+            compiled = compile_graph(graph)
+            fallback = bool(compiled.report().fallbacks)
+            run = compiled.run
         for inputs, expected in case.data_sets:
             # A few cases store their data as TensorProtos (e.g. float16 casts).
             inputs = [onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in inputs]
@@ -106,30 +118,31 @@ def run_case(case) -> CaseResult:
                 feeds = {n: x for n, x in zip(names, inputs) if n in {v.name for v in graph.inputs}}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                outputs = graph.run(feeds)
+                outputs = run(feeds)
             for i, (v, want) in enumerate(zip(graph.outputs, expected)):
                 if isinstance(want, onnx.TensorProto):  # a few cases store their expected outputs as protos
                     want = onnx.numpy_helper.to_array(want)
                 problem = _close(want, outputs[v.name], case.rtol, case.atol)
                 if problem:
-                    return CaseResult(case.name, ops, core, "wrong", f"output {i}: {problem}")
-        return CaseResult(case.name, ops, core, "pass")
+                    return CaseResult(case.name, ops, core, "wrong", f"output {i}: {problem}", fallback)
+        return CaseResult(case.name, ops, core, "pass", "", fallback)
     except UnsupportedOpError as e:
-        return CaseResult(case.name, ops, core, "unsupported", str(e))
+        return CaseResult(case.name, ops, core, "unsupported", str(e), fallback)
     except EgraftError as e:
-        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}")
+        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}", fallback)
     except Exception as e:  # a bug in egraft: count it, never hide it
-        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}")
+        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}", fallback)
 
 
-def run_conformance(name_filter: str | None = None, progress=None) -> list[CaseResult]:
-    """Run every case (or those whose name contains ``name_filter``)."""
+def run_conformance(name_filter: str | None = None, progress=None, backend: str = "reference") -> list[CaseResult]:
+    """Run every case (or those whose name contains ``name_filter``) on ``backend``
+    (``reference`` or ``cpu``)."""
     cases = [c for c in collect_cases() if c.kind == "node"]
     if name_filter:
         cases = [c for c in cases if name_filter in c.name]
     results = []
     for case in cases:
-        results.append(run_case(case))
+        results.append(run_case(case, backend))
         if progress is not None:
             progress(case.name)
     return results
@@ -145,6 +158,8 @@ def summarize(results: list[CaseResult]) -> dict:
         total = len(rs)
         c["total"] = total
         c["pass_rate"] = round(c["pass"] / total, 4) if total else 0.0
+        c["pass_generated"] = sum(r.status == "pass" and not r.fallback for r in rs)
+        c["pass_fallback"] = sum(r.status == "pass" and r.fallback for r in rs)
         return c
 
     per_op: dict[str, list[CaseResult]] = defaultdict(list)
