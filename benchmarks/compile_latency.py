@@ -1,0 +1,104 @@
+"""Compile time and latency of egraft's compiled CPU code against onnxruntime, per light
+model and the test encoder, at 1 thread, in one run.
+
+Per model: the first compile (rewrite + lower + LLVM -O3, with an empty cache), the
+second compile (from the cache), how many nodes run on generated code and on reference
+kernels, the median latency of egraft and of onnxruntime (ORT_ENABLE_ALL, 1 intra-op
+thread) on the same inputs, and their ratio. Outputs are checked against onnxruntime on
+re-weighted weights first (scale-relative error), so a fast wrong answer cannot hide.
+
+Run: python benchmarks/compile_latency.py [--repeat 10] [--models resnet50 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import egraft  # noqa: E402
+from egraft.testing.encoder import encoder_inputs, encoder_model  # noqa: E402
+from egraft.testing.models import (  # noqa: E402
+    LIGHT_MODELS,
+    backend_input,
+    light_model_path,
+    reweight,
+    scale_relative_error,
+    softmax_logits,
+    with_outputs,
+)
+
+
+def median_ms(fn, repeat: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--models", nargs="*", default=None)
+    args = parser.parse_args()
+    names = args.models or [*LIGHT_MODELS, "encoder"]
+    os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
+    table = Table(title=f"egraft compiled (1 thread) vs onnxruntime (1 thread): median of {args.repeat} runs")
+    for col in ("model", "compile s", "cached s", "kernels", "fallbacks", "error", "egraft ms", "ort ms",
+                "egraft/ort"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    ratios = []
+    for name in names:
+        if name == "encoder":
+            model = encoder_model()
+            feeds = encoder_inputs(1, 64)
+        else:
+            source = onnx.load(light_model_path(name))
+            model = with_outputs(reweight(source, seed=0), softmax_logits(source))
+            feeds = backend_input(source)
+        t = time.perf_counter()
+        compiled = egraft.compile(model)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        egraft.compile(model)
+        second = time.perf_counter() - t
+        report = compiled.report()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        exact = ort.SessionOptions()
+        exact.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        exact.log_severity_level = 3
+        reference = ort.InferenceSession(model.SerializeToString(), exact, providers=["CPUExecutionProvider"])
+        want = dict(zip([o.name for o in reference.get_outputs()], reference.run(None, feeds)))
+        got = compiled.run(feeds)
+        error = max(scale_relative_error(got[k], v) for k, v in want.items())
+        ours = median_ms(lambda: compiled.run(feeds), args.repeat)
+        theirs = median_ms(lambda: session.run(None, feeds), args.repeat)
+        ratios.append(ours / theirs)
+        table.add_row(name, f"{first:.2f}", f"{second:.3f}", str(report.kernels), str(len(report.fallbacks)),
+                      f"{error:.1e}", f"{ours:.2f}", f"{theirs:.2f}", f"{ours / theirs:.2f}")
+    table.add_section()
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    table.add_row("geometric mean", "", "", "", "", "", "", "", f"{geomean:.2f}")
+    Console(width=150).print(table)
+
+
+if __name__ == "__main__":
+    main()
