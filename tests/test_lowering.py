@@ -220,3 +220,22 @@ def test_cli_cache_clear(tmp_path, monkeypatch):
     cleared = runner.invoke(app, ["cache", "clear"])
     assert cleared.exit_code == 0 and "removed" in cleared.output
     assert not list((tmp_path / "cache").rglob("*.pkl"))
+
+
+def test_elementwise_chains_run_in_place():
+    # x -> Exp -> Add(b) -> Relu -> Neg -> y: each intermediate dies at its consumer, so the
+    # Add, Relu results reuse the Exp buffer; the output is the caller's own array.
+    b = np.linspace(-1, 1, 6).astype(np.float32)
+    nodes = [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Add", ["e", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(b, "b")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    lowered = lower(egraft.load(model))
+    assert lowered.storage == {"a": "e", "r": "e"}
+    assert [buffer.value for buffer in lowered.buffers] == ["e"]
+    assert lowered.slots["a"] == lowered.slots["r"] == lowered.slots["e"]
+    compiled = compile_graph(egraft.load(model))
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], -np.maximum(np.exp(x) + b, 0), rtol=1e-6)

@@ -25,12 +25,13 @@ import time
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
+import sympy
 from llvmlite import ir
 
 from egraft.ir.dims import dim_product, dim_symbols
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.infer import node_opset, resolve_op
-from egraft.kernels.cpu import find_kernel
+from egraft.kernels.cpu import find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
 from egraft.lowering.memory import BufferSpec
@@ -99,14 +100,19 @@ def lower(graph: Graph) -> Lowered:
     steps: list[Step] = []
     output_names = {v.name for v in graph.outputs}
     storage: dict[str, str] = {}
+    sharing = _StorageGroups(graph)
+    input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     for index, node in enumerate(graph.nodes):
         if _is_view(node) and node.outputs[0].name not in output_names:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
+            sharing.join(storage[node.outputs[0].name], node.outputs[0].name)
             steps.append(Step(index, node, "view"))
             continue
         generator = find_kernel(node.op, node.domain)
         reason = "no generated code for this op"
         if generator is not None:
+            if in_place(node.op, node.domain):
+                _reuse_a_dying_input(index, node, storage, slots, sharing, output_names, input_symbols)
             name = f"k{index}_{node.op}"
             scratch = ir.Module(name=name)
             opset = node_opset(graph, node)
@@ -121,10 +127,61 @@ def lower(graph: Graph) -> Lowered:
                 steps.append(Step(index, node, "kernel", function=name))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
-    input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start})
+
+
+class _StorageGroups:
+    """Which values share one buffer (a root and its views and in-place results), and the
+    last step that reads each value."""
+
+    def __init__(self, graph: Graph):
+        self.last_read: dict[str, int] = {}
+        for index, node in enumerate(graph.nodes):
+            for v in node.inputs:
+                if v is not None and v.const is None:
+                    self.last_read[v.name] = index
+        for v in graph.outputs:
+            self.last_read[v.name] = len(graph.nodes)  # read by the caller, after every step
+        self.members: dict[str, set[str]] = {}
+        self.external = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+
+    def join(self, root: str, name: str) -> None:
+        self.members.setdefault(root, {root}).add(name)
+
+    def last_use(self, root: str) -> int:
+        return max(self.last_read.get(m, -1) for m in self.members.get(root, {root}))
+
+
+def _same_shape(a: Value, b: Value) -> bool:
+    if a.type.shape is None or b.type.shape is None or len(a.type.shape) != len(b.type.shape):
+        return False
+    return all(sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a.type.shape, b.type.shape))
+
+
+def _reuse_a_dying_input(index: int, node: Node, storage: dict[str, str], slots: dict[str, int],
+                         sharing: _StorageGroups, output_names: set[str], input_symbols: set[str]) -> None:
+    """In place: an elementwise node whose input's buffer is read by no later step writes
+    its output into that buffer (same shape and dtype). The output then takes the input's
+    table slot, so the kernel sees one pointer and LLVM vectorizes without alias checks."""
+    out = node.outputs[0]
+    if len(node.outputs) != 1 or out is None or out.name in output_names:
+        return
+    if out.type.shape is None or not dim_symbols(out.type.shape) <= input_symbols:
+        return  # a data-dependent size: allocated when produced
+    for v in node.inputs:
+        if v is None or v.const is not None:
+            continue
+        root = storage.get(v.name, v.name)
+        if root in sharing.external or sharing.last_use(root) != index:
+            continue
+        if v.type.dtype != out.type.dtype or not _same_shape(v, out):
+            continue
+        storage[out.name] = root
+        slots[out.name] = slots[v.name]
+        sharing.join(root, out.name)
+        return
 
 
 def _merge(module: ir.Module, scratch: ir.Module) -> None:
@@ -154,8 +211,8 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
         if step.kind == "view":
             continue
         for v in step.node.outputs:
-            if v is None:
-                continue
+            if v is None or v.name in storage:
+                continue  # in place: it lives in an input's buffer
             size = _nbytes(v)
             if size is None or not dim_symbols([size]) <= input_symbols:
                 dynamic.add(v.name)  # unknown rank or data-dependent size: allocated when produced

@@ -198,6 +198,8 @@ class CompiledModel:
                     shape = self._shape(v, bound)
                     offset = plan.offsets[v.name]
                     place(v, arena[offset:offset + plan.sizes[v.name]].view(v.type.dtype.numpy).reshape(shape))
+                elif v.name in lowered.storage and step.kind == "kernel":  # in place, in an input's buffer
+                    place(v, env[lowered.storage[v.name]].reshape(self._shape(v, bound)))
                 elif v.name in outputs and step.kind == "kernel" and v.name not in lowered.dynamic:
                     place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
         table_address, dims_address = table.ctypes.data, dims.ctypes.data

@@ -13,15 +13,29 @@ from __future__ import annotations
 from collections.abc import Callable
 
 _KERNELS: dict[tuple[str, str], Callable] = {}
+_IN_PLACE: set[tuple[str, str]] = set()
 
 
-def register_kernel(*ops: str, domain: str = "") -> Callable[[Callable], Callable]:
-    """Decorator: ``fn`` generates the kernels of ``ops`` (in ``domain``)."""
+def register_kernel(*ops: str, domain: str = "", in_place: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: ``fn`` generates the kernels of ``ops`` (in ``domain``).
+
+    ``in_place=True`` declares that the kernel reads each input element at the output
+    index it writes, before writing it (elementwise): lowering may then give the output
+    the buffer of an input of the same shape that no later step reads.
+    """
     def wrap(fn: Callable) -> Callable:
         for op in ops:
             _KERNELS[(domain, op)] = fn
+            if in_place:
+                _IN_PLACE.add((domain, op))
         return fn
     return wrap
+
+
+def in_place(op: str, domain: str = "") -> bool:
+    """True when ``op``'s kernel may write over an input of its output's shape."""
+    _load()
+    return ("" if domain == "ai.onnx" else domain, op) in _IN_PLACE
 
 
 def find_kernel(op: str, domain: str = "") -> Callable | None:

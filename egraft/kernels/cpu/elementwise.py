@@ -139,7 +139,7 @@ UNARY = {
         b.fadd(b.fmul(x, m.const(x.type, 1 / 6)), m.const(x.type, 0.5)), m.const(x.type, 0)), m.const(x.type, 1))),
 }
 for _name, _fn in UNARY.items():
-    register_kernel(_name)(_unary(_fn))
+    register_kernel(_name, in_place=True)(_unary(_fn))
 
 
 def _binary_float(op: str) -> Callable:
@@ -160,7 +160,7 @@ def _binary_int(op: str) -> Callable:
     raise Unsupported(f"integer {op} has no generated code")
 
 
-@register_kernel("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean")
+@register_kernel("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", in_place=True)
 def binary(ctx: KernelContext) -> None:
     """Binary ops, and the variadic Sum/Max/Min/Mean folded left over their inputs."""
     op = ctx.node.op
@@ -186,7 +186,7 @@ def binary(ctx: KernelContext) -> None:
     emit_elementwise(ctx, body, list(range(n)))
 
 
-@register_kernel("Clip")
+@register_kernel("Clip", in_place=True)
 def clip(ctx: KernelContext) -> None:
     """min(max(x, lo), hi) with lo/hi as constant inputs (opset 11+) or attributes."""
     t = _float_only(ctx)
@@ -211,7 +211,7 @@ def clip(ctx: KernelContext) -> None:
     emit_elementwise(ctx, body, [0])
 
 
-@register_kernel("Where")
+@register_kernel("Where", in_place=True)
 def where(ctx: KernelContext) -> None:
     """cond ? a : b with broadcasting; cond is bool (one byte)."""
     if ctx.in_type(1).dtype != ctx.out_type(0).dtype or ctx.in_type(2).dtype != ctx.out_type(0).dtype:
@@ -224,7 +224,7 @@ def where(ctx: KernelContext) -> None:
     emit_elementwise(ctx, body, [0, 1, 2])
 
 
-@register_kernel("Elementwise", domain="com.egraft")
+@register_kernel("Elementwise", domain="com.egraft", in_place=True)
 def fused_elementwise(ctx: KernelContext) -> None:
     """egraft's fused chain: the ``expr`` body (``relu(add(mul(x0, x1), x2))``) in one loop."""
     t = _float_only(ctx)
