@@ -125,15 +125,21 @@ def _show_ops(as_json: bool) -> None:
     import onnx.defs
 
     from egraft.ir.registry import all_ops
+    from egraft.kernels.cpu import kernel_ops
+    from egraft.lowering.compile import VIEW_OPS
 
+    generated = set(kernel_ops())
     rows = []
     registered = set()
     for op in all_ops():
         registered.add((op.domain, op.name))
+        cpu = "generated" if (op.domain, op.name) in generated else (
+            "view" if not op.domain and op.name in VIEW_OPS else "reference")
         rows.append({
             "op": f"{op.domain}::{op.name}" if op.domain else op.name,
             "inference": "native" if op.infer else "onnx.shape_inference",
             "execution": "numpy" if op.compute else "onnx.reference",
+            "cpu": cpu,
             "doc": op.doc,
         })
     for schema in sorted(onnx.defs.get_all_schemas(), key=lambda s: (s.domain, s.name)):
@@ -144,18 +150,20 @@ def _show_ops(as_json: bool) -> None:
             "op": f"{domain}::{schema.name}" if domain else schema.name,
             "inference": "onnx.shape_inference",
             "execution": "onnx.reference",
+            "cpu": "reference",
             "doc": "(no egraft entry yet: both fall back to onnx)",
         })
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     native = sum(r["execution"] == "numpy" for r in rows)
-    table = Table(title=f"{len(rows)} ops: {native} run on egraft's numpy kernels, "
-                        "the rest fall back to onnx.reference")
-    for col in ("op", "inference", "execution", "doc"):
+    compiled = sum(r["cpu"] != "reference" for r in rows)
+    table = Table(title=f"{len(rows)} ops: {native} run on egraft's numpy kernels, the rest fall back to "
+                        f"onnx.reference; {compiled} have generated CPU code or run as views")
+    for col in ("op", "inference", "execution", "cpu", "doc"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["op"], r["inference"], r["execution"], r["doc"])
+        table.add_row(r["op"], r["inference"], r["execution"], r["cpu"], r["doc"])
     console.print(table)
 
 
