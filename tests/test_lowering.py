@@ -239,3 +239,22 @@ def test_elementwise_chains_run_in_place():
     compiled = compile_graph(egraft.load(model))
     x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], -np.maximum(np.exp(x) + b, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("starts", "ends", "axes", "view"), [
+    ([1], [3], [0], True),             # whole rows: contiguous
+    ([0, 2], [1, 6], [0, 1], True),    # one row, a run of columns
+    ([0, -3], [4, 100], [0, 2], False),  # a column range on every row: strided
+    ([2], [2], [1], True),             # empty
+])
+def test_contiguous_slices_are_views(starts, ends, axes, view):
+    x = np.arange(4 * 8 * 16, dtype=np.float32).reshape(4, 8, 16)
+    inits = [numpy_helper.from_array(np.array(a, np.int64), n) for a, n in ((starts, "s"), (ends, "e"), (axes, "a"))]
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a"], ["t"]), helper.make_node("Neg", ["t"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "slice", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    compiled = compile_graph(egraft.load(model))
+    assert (compiled.steps[0].kind == "view") == view
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"])

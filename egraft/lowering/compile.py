@@ -50,6 +50,7 @@ class Step:
     kind: str
     function: str = ""
     reason: str = ""
+    offset: int = 0  # a view: where it starts in its input, in elements (a contiguous Slice)
 
 
 @dataclass
@@ -74,6 +75,51 @@ def _is_view(node: Node) -> bool:
     if len(outputs) != 1 or node.outputs[0] is None or node.inputs[0] is None:
         return False  # Dropout with its mask output computes
     return node.inputs[0].type.dtype == outputs[0].type.dtype
+
+
+def _contiguous_slice(graph: Graph, node: Node) -> int | None:
+    """For a Slice of a static shape with constant parameters and unit steps whose result
+    is one contiguous run of its input, the element offset where that run starts; else
+    ``None`` (it is computed by a kernel).
+
+    Example: ``x: f32[4, 8, 16]`` sliced to ``x[1:3]`` is elements 128..384 of ``x``: 128.
+    """
+    if node.op != "Slice" or node.domain not in ("", "ai.onnx") or node.inputs[0] is None:
+        return None
+    shape = node.inputs[0].type.shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    if node_opset(graph, node) < 10:
+        starts, ends, axes, steps = node.attrs.get("starts"), node.attrs.get("ends"), node.attrs.get("axes"), None
+    else:
+        params = []
+        for v in node.inputs[1:5]:
+            if v is not None and v.const is None:
+                return None
+            params.append(None if v is None else graph.constants[v.const].ravel().tolist())
+        params += [None] * (4 - len(params))
+        starts, ends, axes, steps = params
+    if starts is None or ends is None:
+        return None
+    rank = len(shape)
+    axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    begin, length = [0] * rank, list(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        if step != 1:
+            return None
+        first, stop, _ = slice(int(start), int(end), 1).indices(shape[axis])
+        begin[axis], length[axis] = first, max(0, stop - first)
+    if 0 in length:
+        return 0  # empty: no element to address
+    cut = [j for j in range(rank) if length[j] != shape[j]]
+    if cut and any(length[j] != 1 for j in range(cut[-1])):
+        return None  # contiguous only when every axis before the last cut one keeps one index
+    stride, offset = 1, 0
+    for j in reversed(range(rank)):
+        offset += begin[j] * stride
+        stride *= shape[j]
+    return offset
 
 
 def _nbytes(v: Value):
@@ -103,10 +149,11 @@ def lower(graph: Graph) -> Lowered:
     sharing = _StorageGroups(graph)
     input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     for index, node in enumerate(graph.nodes):
-        if _is_view(node) and node.outputs[0].name not in output_names:
+        offset = _contiguous_slice(graph, node)
+        if (_is_view(node) or offset is not None) and node.outputs[0].name not in output_names:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
             sharing.join(storage[node.outputs[0].name], node.outputs[0].name)
-            steps.append(Step(index, node, "view"))
+            steps.append(Step(index, node, "view", offset=offset or 0))
             continue
         generator = find_kernel(node.op, node.domain)
         reason = "no generated code for this op"

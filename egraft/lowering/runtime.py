@@ -215,7 +215,12 @@ class CompiledModel:
                 out = step.node.outputs[0]
                 source = env[step.node.inputs[0].name] if step.node.inputs[0].const is None \
                     else self._constants[step.node.inputs[0].name]
-                place(out, source.reshape(self._shape(out, bound)))
+                shape = self._shape(out, bound)
+                if step.offset or step.node.op == "Slice":
+                    count = int(np.prod(shape))
+                    place(out, source.reshape(-1)[step.offset:step.offset + count].reshape(shape))
+                else:
+                    place(out, source.reshape(shape))
             else:
                 self._fallback(step, env, table, bound, dims)
             if profile is not None:
