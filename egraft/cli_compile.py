@@ -22,7 +22,8 @@ from rich.table import Table
 from egraft.cli import _fail, _read_inputs, app, console, err_console, parse_bindings, resolve_model
 from egraft.errors import EgraftError
 
-ModelArgument = Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")]
+ModelArgument = Annotated[str, typer.Argument(
+    help="ONNX file, a bundled model name such as resnet50, or a plan (.json) from egraft plan.")]
 ShapeOption = Annotated[list[str] | None, typer.Option(
     "--shape", help="Bind a symbolic dim: NAME=INT (at compile time for compile, for the inputs otherwise).")]
 RulesOption = Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule file (repeatable).")]
@@ -35,6 +36,10 @@ def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bo
     import egraft
     from egraft.frontend.onnx_import import read_model
 
+    if model.endswith(".json"):  # a plan: its model, extracted again with its settings
+        with err_console.status("compiling the plan: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
+            compiled = egraft.compile(model, use_cache=not no_cache)
+        return egraft.to_onnx(compiled.graph), compiled
     proto = read_model(resolve_model(model))
     with err_console.status("compiling: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
         compiled = egraft.compile(proto, shape=parse_bindings(shape) if specialize else None,

@@ -82,37 +82,63 @@ def clear_cache() -> int:
 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
-            cost: str = "roofline", extractor: str = "greedy", use_cache: bool = True):
+            cost="roofline", extractor: str = "greedy", use_cache: bool = True):
     """Compile ``model`` for ``target``.
 
     Args:
-        model: an ONNX path, ``onnx.ModelProto``, serialized bytes, or an IR :class:`Graph`.
+        model: an ONNX path, ``onnx.ModelProto``, serialized bytes, an IR :class:`Graph`, or
+            a plan (``.json`` from ``egraft plan``): its model is optimized again with the
+            plan's settings, and the chosen graph must be the plan's, else the plan is
+            refused as stale.
         target: ``cpu`` (CUDA comes with the CUDA backend).
         shape: symbolic dims to bind at compile time (``{"batch": 1}``): a specialized build.
             Unbound dims stay symbolic; one compiled model serves every value of them.
         rules / rules_off: extra rule files and rule sets to switch off, as for optimize.
         rewrite: run the rewrite rules and extraction first (``False`` compiles the graph as is).
-        cost / extractor: the extraction's cost model and extractor.
+        cost / extractor: the extraction's cost model (a name or a CostModel) and extractor.
         use_cache: read and write the compiled-model cache.
 
     Returns:
         A :class:`egraft.lowering.runtime.CompiledModel`; ``.report()`` says what ran where.
     """
+    if target not in TARGETS:
+        raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
+    if isinstance(model, str | Path) and str(model).endswith(".json"):
+        return _compile_plan(Path(model), target, use_cache)
+    return _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache)
+
+
+def _compile_plan(path: Path, target: str, use_cache: bool):
+    from egraft.extract.plan import load_plan, plan_settings
+
+    plan = load_plan(path)
+    settings = plan_settings(plan, path)
+    compiled = _compile(settings["model"], target, settings["bindings"], settings["rules"], settings["rules_off"],
+                        True, settings["cost"], settings["extractor"], use_cache, budget=settings["budget"],
+                        time_limit=settings["time_limit"])
+    if str(compiled.graph) != plan["graph"]["ir"]:
+        raise EgraftError(f"{path}: the graph this egraft extracts from {plan['model']['name']} differs from the "
+                          f"plan's (made by egraft {plan['settings']['egraft_version']}); make the plan again "
+                          "(egraft plan)")
+    return compiled
+
+
+def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, extractor: str, use_cache: bool,
+             budget=None, time_limit: float = 30.0):
     import llvmlite
 
     from egraft import __version__
     from egraft.kernels.cpu.llvm import host_cpu
     from egraft.lowering.compile import compile_lowered, lower
 
-    if target not in TARGETS:
-        raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
     start = time.perf_counter()
     data, graph = _model_bytes(model)
     bindings = dict(sorted((shape or {}).items()))
     rule_texts = [Path(p).read_bytes() for p in rules]
     h = hashlib.sha256()
+    cost_key = cost if isinstance(cost, str) else repr(cost.settings())
     for part in (str(CACHE_FORMAT), __version__, _source_digest(), llvmlite.__version__, *host_cpu(), repr(bindings),
-                 repr(sorted(rules_off)), repr(rewrite), cost, extractor, target):
+                 repr(sorted(rules_off)), repr(rewrite), cost_key, extractor, target, repr(budget), repr(time_limit)):
         h.update(part.encode())
         h.update(b"\0")
     for text in rule_texts:
@@ -141,7 +167,8 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         from egraft.optimize import optimize
 
         t = time.perf_counter()
-        graph = optimize(graph, list(rules), list(rules_off), bindings, cost=cost, extractor=extractor).graph
+        graph = optimize(graph, list(rules), list(rules_off), bindings, budget=budget, cost=cost,
+                         extractor=extractor, time_limit=time_limit).graph
         seconds["optimize"] = time.perf_counter() - t
     elif bindings:
         from egraft.ir.specialize import specialize

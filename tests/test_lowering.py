@@ -258,3 +258,23 @@ def test_contiguous_slices_are_views(starts, ends, axes, view):
     compiled = compile_graph(egraft.load(model))
     assert (compiled.steps[0].kind == "view") == view
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"])
+
+
+def test_a_plan_compiles_to_its_own_graph_and_a_stale_plan_is_refused(tmp_path):
+    plan_path = tmp_path / "sq.plan.json"
+    made = runner.invoke(app, ["plan", "squeezenet", "-o", str(plan_path), "--extractor", "ilp"])
+    assert made.exit_code == 0, made.output
+    plan = json.loads(plan_path.read_text())
+    compiled = egraft.compile(plan_path)
+    assert str(compiled.graph) == plan["graph"]["ir"]
+    built = runner.invoke(app, ["compile", str(plan_path), "--json"])
+    assert built.exit_code == 0, built.output
+    plan["graph"]["ir"] = plan["graph"]["ir"].replace("FusedConv", "Conv", 1)
+    stale = tmp_path / "stale.plan.json"
+    stale.write_text(json.dumps(plan))
+    with pytest.raises(egraft.EgraftError, match="differs from the plan's"):
+        egraft.compile(stale)
+    plan["model"]["name"] = "nowhere.onnx"
+    stale.write_text(json.dumps(plan))
+    refused = runner.invoke(app, ["compile", str(stale)])
+    assert refused.exit_code == 2 and "its model 'nowhere.onnx' is not a file here" in refused.output

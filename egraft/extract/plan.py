@@ -215,3 +215,49 @@ def find_node(plan: dict, ref: str) -> dict:
     ids = ", ".join(n["id"] for n in nodes[:5])
     raise EgraftError(f"no node {ref!r} in the plan: give a node id ({ids}, ...), an output name, or "
                       "source:INDEX of a source node it covers (egraft show PLAN lists them)")
+
+
+def plan_settings(plan: dict, plan_path: str | Path = "plan") -> dict:
+    """What it takes to extract ``plan`` again: the model's path, the user rule files (each
+    checked against the SHA-256 the plan recorded), rule sets off, bound dims, the cost
+    model (with the plan's own profile figures), extractor, time limit and budget.
+
+    Raises :class:`EgraftError` naming what no longer matches (a missing model, an edited
+    rule file).
+    """
+    from egraft.extract.cost import cost_model
+    from egraft.extract.profiles import Profile
+    from egraft.rewrite.engine import Budget
+    from egraft.testing.models import LIGHT_MODELS, light_model_path
+
+    settings = plan["settings"]
+    name = plan["model"]["name"]
+    path = Path(name)
+    if not path.exists():
+        if name.removeprefix("light_") not in LIGHT_MODELS:
+            raise EgraftError(f"{plan_path}: its model {name!r} is not a file here nor a bundled model")
+        path = light_model_path(name.removeprefix("light_"))
+    rules = []
+    for entry in settings["rule_files"]:
+        if entry["path"].startswith("egraft/rules/"):
+            continue  # shipped: part of egraft's version
+        rule_path = Path(entry["path"])
+        if not rule_path.is_file():
+            raise EgraftError(f"{plan_path}: rule file {entry['path']} is gone")
+        if hashlib.sha256(rule_path.read_bytes()).hexdigest() != entry["sha256"]:
+            raise EgraftError(f"{plan_path}: rule file {entry['path']} changed since the plan was made; "
+                              "make the plan again (egraft plan)")
+        rules.append(str(rule_path))
+    model_settings = settings["cost_model"]
+    bindings = dict(settings["bindings"])
+    if model_settings["name"] == "roofline":
+        p = model_settings["profile"]
+        profile = Profile(p["name"], p["target"], p["peak_gflops"], p["bandwidth_gbs"], p["launch_us"],
+                          dict(p["efficiency"]), source=p.get("source", ""))
+        model = cost_model("roofline", profile, p["target"], bindings)
+    else:
+        model = cost_model(model_settings["name"], bindings=bindings)
+    budget = Budget(**settings["budget"])
+    return {"model": path, "rules": rules, "rules_off": list(settings["rules_off"]), "bindings": bindings,
+            "cost": model, "extractor": settings["extractor"],
+            "time_limit": plan["extraction"].get("time_limit", 30.0), "budget": budget}
