@@ -123,6 +123,7 @@ class CompiledModel:
                     raise ExecutionError(f"{step.node.label}: kernel {step.function} was not compiled")
                 self._functions[step.index] = _KERNEL_CFUNC(address)
         self._plans: dict[tuple[int, ...], MemoryPlan] = {}
+        self._shape_cache: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {}
         self._plans_lock = threading.Lock()
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
         #: True when :func:`egraft.compile` read this model from its cache.
@@ -176,6 +177,7 @@ class CompiledModel:
         dims = np.array([bindings.get(s, 0) for s in symbols], np.int64)
         bound = {s: int(v) for s, v in zip(symbols, dims) if v}
         plan = self.memory_plan(bound)
+        self._shapes(bound)  # computed once per binding; _shape looks them up
         arena = _aligned_empty(max(plan.peak, 1))
         table = np.zeros(len(lowered.slots), np.uint64)
         env: dict[str, np.ndarray] = {}
@@ -229,7 +231,28 @@ class CompiledModel:
                 for v in self.graph.outputs}
 
     def _shape(self, v: Value, bound: Mapping[str, int]) -> tuple[int, ...]:
+        known = self._shape_cache.get(tuple(bound.get(s, 0) for s in self._lowered.symbols), {}).get(v.name)
+        if known is not None:
+            return known
         return tuple(int(evaluate_dim(d, bound)) for d in v.type.shape)
+
+    def _shapes(self, bound: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+        """The shape of every value whose dims the inputs bind, computed once per binding
+        (sympy is slow; a call only looks them up)."""
+        key = tuple(bound.get(s, 0) for s in self._lowered.symbols)
+        shapes = self._shape_cache.get(key)
+        if shapes is None:
+            shapes = {}
+            for step in self._lowered.steps:
+                for v in (*step.node.inputs, *step.node.outputs):
+                    if v is None or v.type.shape is None or v.name in shapes:
+                        continue
+                    dims = [evaluate_dim(d, bound) for d in v.type.shape]
+                    if all(isinstance(d, int) or getattr(d, "is_number", False) for d in dims):
+                        shapes[v.name] = tuple(int(d) for d in dims)
+            with self._plans_lock:
+                self._shape_cache[key] = shapes
+        return shapes
 
     def _fallback(self, step, env, table, bound, dims) -> None:
         node = step.node
