@@ -1,0 +1,482 @@
+"""Dense linear-algebra kernels: MatMul (numpy semantics: 1-D operands, batched and
+broadcast batch dims), Gemm, egraft's FusedGemm and FusedMatMul (bias, residual addend
+and activation), and egraft's Attention.
+
+Every product goes through :func:`emit_gemm`, ``out[i, j] = sum_k a[i, k] * b[k, j]``
+over strided operands, in one of two loop orders:
+
+- **axpy** (``b`` contiguous along ``j``): blocked over ``j`` (:data:`BLOCK_N` columns)
+  and ``k`` (:data:`BLOCK_K`) so the block of ``b`` stays in L2; inside, two rows of the
+  output are updated with four ``k`` at a time, the innermost loop over contiguous
+  output columns, which LLVM vectorizes (``contract`` lets it fuse multiply-adds);
+- **dot** (``a`` and ``b`` contiguous along ``k``, as ``Gemm(transB=1)`` or a
+  matrix-vector product): each output is a dot product over ``k``, four columns at a
+  time sharing the loads of ``a``, reduced with reassociating adds (vectorized).
+
+The epilogue (``alpha``, the addends ``beta * C``, bias, ``Z``, the activation) is one
+pass over the output after the product, reading the addends with their broadcast strides.
+
+Example: ``MatMul(x: f32[batch, 128, 768], W: f32[768, 3072])`` reads ``W`` with batch
+stride 0 and ``x`` contiguously, so the batch is folded into the rows: one
+``(batch*128) x 768 @ 768 x 3072`` product whose ``W`` blocks are reused by every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+from llvmlite import ir
+
+from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
+from egraft.kernels.cpu.emit import I8P, I64, KernelContext, Unsupported, is_float, llvm_type
+
+#: Output columns per cache block of the axpy form (a block of ``b`` is BLOCK_K x BLOCK_N).
+BLOCK_N = 128
+#: Depth of a cache block of the axpy form.
+BLOCK_K = 256
+#: Output rows updated together by the axpy form (each load of ``b`` serves them all).
+ROWS_PER_STEP = 4
+#: ``k`` steps per update of the axpy form (one load and store of the output serves them).
+DEPTH_PER_STEP = 4
+#: Output columns computed together by the dot form (each load of ``a`` serves them all).
+COLS_PER_STEP = 4
+#: Rows of ``b`` (output columns) per cache block of the dot form.
+DOT_BLOCK_N = 64
+
+#: ``a * b + c`` may become a fused multiply-add.
+CONTRACT = ("contract",)
+#: Sums may also be reassociated (vectorized reductions).
+REASSOC = ("reassoc", "contract")
+
+Dim = Any  # an int or a sympy expression over the symbolic dims
+
+
+def dim_is(d: Dim, value: int) -> bool:
+    """True when dim ``d`` is statically ``value``."""
+    return sympy.sympify(d) == value
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A strided matrix operand: element ``(r, c)`` of the matrix starting at element
+    ``offset`` is ``ptr[offset + r * row_stride + c * col_stride]``.
+
+    Example: ``A: f32[K, M]`` read as ``A'`` (``transA=1``) is ``Matrix(p, 1, M)``.
+    """
+
+    ptr: ir.Value
+    row_stride: Dim
+    col_stride: Dim
+
+
+@dataclass(frozen=True)
+class Addend:
+    """A term added in the epilogue: node input ``index`` times ``scale``."""
+
+    index: int
+    scale: float = 1.0
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def float_type_of(ctx: KernelContext, inputs: Sequence[int] | None = None) -> ir.Type:
+    """The LLVM float type of output 0, checking that the given inputs among ``inputs``
+    (default: all) have its dtype.
+
+    Raises :class:`Unsupported` for integer dtypes and mixed dtypes.
+
+    Example: ``float_type_of(ctx, [0])`` for a ReduceSum whose input 1 is its int64 axes.
+    """
+    dtype = ctx.out_type(0).dtype
+    t = llvm_type(dtype)
+    if not is_float(t):
+        raise Unsupported(f"{ctx.node.op} on {dtype.short} has no generated code")
+    for i in range(len(ctx.node.inputs)) if inputs is None else inputs:
+        if ctx.has_input(i) and ctx.in_type(i).dtype != dtype:
+            raise Unsupported(f"{ctx.node.op} with mixed dtypes has no generated code")
+    return t
+
+
+def _cdiv(ctx: KernelContext, n: ir.Value, block: int) -> ir.Value:
+    """``ceil(n / block)`` as an i64."""
+    b = ctx.builder
+    return b.sdiv(b.add(n, ir.Constant(I64, block - 1)), ir.Constant(I64, block))
+
+
+def _min(ctx: KernelContext, x: ir.Value, y: ir.Value) -> ir.Value:
+    b = ctx.builder
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def offset_of(ctx: KernelContext, base: ir.Value, *terms: tuple[ir.Value, Dim]) -> ir.Value:
+    """``base + sum(i * stride)``, skipping terms whose stride is statically 0."""
+    b = ctx.builder
+    out = base
+    for i, stride in terms:
+        if dim_is(stride, 0):
+            continue
+        out = b.add(out, i if dim_is(stride, 1) else b.mul(i, ctx.dim(stride)))
+    return out
+
+
+def load_at(ctx: KernelContext, ptr: ir.Value, index: ir.Value) -> ir.Value:
+    return ctx.builder.load(ctx.builder.gep(ptr, [index]))
+
+
+def store_at(ctx: KernelContext, value: ir.Value, ptr: ir.Value, index: ir.Value) -> None:
+    ctx.builder.store(value, ctx.builder.gep(ptr, [index]))
+
+
+def _fma(ctx: KernelContext, a: ir.Value, b: ir.Value, c: ir.Value, flags: Sequence[str] = CONTRACT) -> ir.Value:
+    """``a * b + c`` (a fused multiply-add where the target has one)."""
+    return ctx.builder.fadd(ctx.builder.fmul(a, b, flags=CONTRACT), c, flags=flags)
+
+
+@contextmanager
+def strided_loops(ctx: KernelContext, sizes: Sequence[Dim], strides: Sequence[Sequence[Dim]],
+                  starts: Sequence[ir.Value] | None = None) -> Iterator[list[ir.Value]]:
+    """A loop nest over ``sizes`` (outermost first): yields each operand's element offset,
+    ``starts[operand] + sum(index[d] * strides[operand][d])``; axes of size 1 get no loop.
+
+    Example (a batch of two operands, the second broadcast over the first axis)::
+
+        with strided_loops(ctx, [2, 3], [[3 * 64, 64], [0, 16]]) as (a_off, b_off):
+            ...
+    """
+    offsets = list(starts) if starts is not None else [ir.Constant(I64, 0) for _ in strides]
+    with ExitStack() as stack:
+        for level, size in enumerate(sizes):
+            if dim_is(size, 1):
+                continue
+            i = stack.enter_context(ctx.loop(ctx.dim(size), name=f"n{level}"))
+            offsets = [offset_of(ctx, off, (i, st[level])) for off, st in zip(offsets, strides)]
+        yield offsets
+
+
+def heap_buffer(ctx: KernelContext, element: ir.Type, count: ir.Value) -> ir.Value:
+    """``malloc(count * sizeof(element))`` as a typed pointer (free it with :func:`heap_free`).
+
+    Kernels get no scratch space from the arena; this is for a row of scratch per call.
+    """
+    module = ctx.builder.module
+    malloc = module.globals.get("malloc") or ir.Function(module, ir.FunctionType(I8P, [I64]), "malloc")
+    size = ctx.builder.mul(count, ir.Constant(I64, 8 if element == ir.DoubleType() else 4))
+    raw = ctx.builder.call(malloc, [size])
+    return ctx.builder.bitcast(raw, element.as_pointer())
+
+
+def heap_free(ctx: KernelContext, ptr: ir.Value) -> None:
+    """``free(ptr)`` of a :func:`heap_buffer`."""
+    module = ctx.builder.module
+    free = module.globals.get("free") or ir.Function(module, ir.FunctionType(ir.VoidType(), [I8P]), "free")
+    ctx.builder.call(free, [ctx.builder.bitcast(ptr, I8P)])
+
+
+# ---- the product ----------------------------------------------------------------------------------
+def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_offset: ir.Value,
+              out: ir.Value, out_offset: ir.Value, m: Dim, n: Dim, k: Dim) -> None:
+    """``out[out_offset + i * n + j] = sum_k a[i, k] * b[k, j]`` for ``i < m``, ``j < n``
+    (the output block is contiguous, row-major).
+
+    Args:
+        a, b: the operands with their strides; ``a_offset`` / ``b_offset``: where their
+            matrices start (i64 element offsets).
+        out: the output's element pointer; ``out_offset``: where the block starts.
+        m, n, k: the dims (ints or sympy expressions).
+
+    Example: ``Gemm(transB=1)`` of ``A: f32[M, K]``, ``B: f32[N, K]``::
+
+        emit_gemm(ctx, Matrix(pa, K, 1), zero, Matrix(pb, 1, K), zero, py, zero, M, N, K)
+    """
+    dot_form = dim_is(a.col_stride, 1) and dim_is(b.row_stride, 1) and (not dim_is(b.col_stride, 1) or dim_is(n, 1))
+    if dot_form:
+        _gemm_dot(ctx, a, a_offset, b, b_offset, out, out_offset, m, n, k)
+    else:
+        _gemm_axpy(ctx, a, a_offset, b, b_offset, out, out_offset, m, n, k)
+
+
+def _gemm_axpy(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_offset: ir.Value,
+               out: ir.Value, out_offset: ir.Value, m: Dim, n: Dim, k: Dim) -> None:
+    """The blocked i-k-j order: ``out[i, j0:j1] += a[i, k] * b[k, j0:j1]``."""
+    bld = ctx.builder
+    t = out.type.pointee
+    zero = ir.Constant(t, 0.0)
+    m_, n_, k_ = ctx.dim(m), ctx.dim(n), ctx.dim(k)
+    with ctx.loop(ctx.numel([m, n]), name="zero") as i:
+        store_at(ctx, zero, out, bld.add(out_offset, i))
+
+    def update(rows: list[ir.Value], ks: list[ir.Value], j0: ir.Value, j1: ir.Value) -> None:
+        """out[r, j0:j1] += sum_u a[r, ks[u]] * b[ks[u], j0:j1] for each row r."""
+        a_values = [[load_at(ctx, a.ptr, offset_of(ctx, a_offset, (r, a.row_stride), (kk, a.col_stride))) for kk in ks]
+                    for r in rows]
+        b_rows = [offset_of(ctx, b_offset, (kk, b.row_stride)) for kk in ks]
+        out_rows = [bld.add(out_offset, bld.mul(r, n_)) for r in rows]
+        with ctx.loop(j1, name="j", start=j0) as j:
+            b_values = [load_at(ctx, b.ptr, offset_of(ctx, row, (j, b.col_stride))) for row in b_rows]
+            for out_row, a_row in zip(out_rows, a_values):
+                where = bld.add(out_row, j)
+                acc = load_at(ctx, out, where)
+                for av, bv in zip(a_row, b_values):
+                    acc = _fma(ctx, av, bv, acc)
+                store_at(ctx, acc, out, where)
+
+    def depth(rows: list[ir.Value], k0: ir.Value, k1: ir.Value, j0: ir.Value, j1: ir.Value) -> None:
+        """Every k of [k0, k1) for ``rows``: DEPTH_PER_STEP at a time, then the rest one by one."""
+        steps = bld.sdiv(bld.sub(k1, k0), ir.Constant(I64, DEPTH_PER_STEP))
+        with ctx.loop(steps, name="kk") as kk:
+            base = bld.add(k0, bld.mul(kk, ir.Constant(I64, DEPTH_PER_STEP)))
+            update(rows, [bld.add(base, ir.Constant(I64, u)) for u in range(DEPTH_PER_STEP)], j0, j1)
+        tail = bld.add(k0, bld.mul(steps, ir.Constant(I64, DEPTH_PER_STEP)))
+        with ctx.loop(k1, name="kt", start=tail) as kt:
+            update(rows, [kt], j0, j1)
+
+    with ctx.loop(_cdiv(ctx, n_, BLOCK_N), name="jb") as jb:
+        j0 = bld.mul(jb, ir.Constant(I64, BLOCK_N))
+        j1 = _min(ctx, bld.add(j0, ir.Constant(I64, BLOCK_N)), n_)
+        with ctx.loop(_cdiv(ctx, k_, BLOCK_K), name="kb") as kb:
+            k0 = bld.mul(kb, ir.Constant(I64, BLOCK_K))
+            k1 = _min(ctx, bld.add(k0, ir.Constant(I64, BLOCK_K)), k_)
+            row_steps = bld.sdiv(m_, ir.Constant(I64, ROWS_PER_STEP))
+            with ctx.loop(row_steps, name="ib") as ib:
+                first = bld.mul(ib, ir.Constant(I64, ROWS_PER_STEP))
+                depth([bld.add(first, ir.Constant(I64, r)) for r in range(ROWS_PER_STEP)], k0, k1, j0, j1)
+            with ctx.loop(m_, name="it", start=bld.mul(row_steps, ir.Constant(I64, ROWS_PER_STEP))) as it:
+                depth([it], k0, k1, j0, j1)
+
+
+def _gemm_dot(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_offset: ir.Value,
+              out: ir.Value, out_offset: ir.Value, m: Dim, n: Dim, k: Dim) -> None:
+    """The i-j-k order for operands contiguous along k: ``out[i, j] = dot(a[i, :], b[:, j])``."""
+    bld = ctx.builder
+    t = out.type.pointee
+    m_, n_, k_ = ctx.dim(m), ctx.dim(n), ctx.dim(k)
+
+    def columns(i: ir.Value, js: list[ir.Value]) -> None:
+        """out[i, j] for each j of ``js``, one pass over a[i, :]."""
+        accs = [ctx.alloca(t, name="acc") for _ in js]
+        for acc in accs:
+            bld.store(ir.Constant(t, 0.0), acc)
+        a_row = offset_of(ctx, a_offset, (i, a.row_stride))
+        b_cols = [offset_of(ctx, b_offset, (j, b.col_stride)) for j in js]
+        with ctx.loop(k_, name="k") as kk:
+            av = load_at(ctx, a.ptr, offset_of(ctx, a_row, (kk, a.col_stride)))
+            for acc, col in zip(accs, b_cols):
+                bv = load_at(ctx, b.ptr, offset_of(ctx, col, (kk, b.row_stride)))
+                bld.store(_fma(ctx, av, bv, bld.load(acc), flags=REASSOC), acc)
+        out_row = bld.add(out_offset, bld.mul(i, n_))
+        for acc, j in zip(accs, js):
+            store_at(ctx, bld.load(acc), out, bld.add(out_row, j))
+
+    with ctx.loop(_cdiv(ctx, n_, DOT_BLOCK_N), name="jb") as jb:
+        j0 = bld.mul(jb, ir.Constant(I64, DOT_BLOCK_N))
+        j1 = _min(ctx, bld.add(j0, ir.Constant(I64, DOT_BLOCK_N)), n_)
+        with ctx.loop(m_, name="i") as i:
+            steps = bld.sdiv(bld.sub(j1, j0), ir.Constant(I64, COLS_PER_STEP))
+            with ctx.loop(steps, name="jj") as jj:
+                base = bld.add(j0, bld.mul(jj, ir.Constant(I64, COLS_PER_STEP)))
+                columns(i, [bld.add(base, ir.Constant(I64, u)) for u in range(COLS_PER_STEP)])
+            tail = bld.add(j0, bld.mul(steps, ir.Constant(I64, COLS_PER_STEP)))
+            with ctx.loop(j1, name="jt", start=tail) as jt:
+                columns(i, [jt])
+
+
+# ---- the epilogue ---------------------------------------------------------------------------------
+def emit_epilogue(ctx: KernelContext, alpha: float, addends: Sequence[Addend], activation: str = "",
+                  params: Sequence[float] = ()) -> None:
+    """``out = act(alpha * out + sum(scale * addend))`` over output 0, each addend read with
+    its broadcast strides (it broadcasts *to* the output's shape). Emits nothing when
+    there is nothing to do.
+
+    Example: Gemm's ``beta * C`` with ``C: f32[N]`` is ``emit_epilogue(ctx, alpha, [Addend(2, beta)])``.
+    """
+    if alpha == 1.0 and not addends and activation == "":
+        return
+    out_shape = ctx.shape(ctx.out_type(0))
+    own = broadcast_strides(out_shape, out_shape)
+    sizes, strides = collapse(out_shape, [own] + [broadcast_strides(ctx.shape(ctx.in_type(x.index)), out_shape)
+                                                  for x in addends])
+    bld = ctx.builder
+    out = ctx.out_ptr(0)
+    pointers = [out] + [ctx.in_ptr(x.index) for x in addends]
+    t = out.type.pointee
+
+    with strided_loops(ctx, sizes, strides) as here:
+        y = load_at(ctx, out, here[0])
+        if alpha != 1.0:
+            y = bld.fmul(y, ir.Constant(t, alpha))
+        for x, p, off in zip(addends, pointers[1:], here[1:]):
+            v = load_at(ctx, p, off)
+            y = bld.fadd(y, v if x.scale == 1.0 else bld.fmul(v, ir.Constant(t, x.scale)))
+        store_at(ctx, ctx.math.activation(activation, list(params), y), out, here[0])
+
+
+# ---- MatMul ---------------------------------------------------------------------------------------
+def matmul_operands(ctx: KernelContext) -> tuple[list[Dim], list[list[Dim]], Matrix, Matrix, Dim, Dim, Dim]:
+    """Inputs 0 and 1 of a MatMul-like node as numpy matmul reads them: the output's batch
+    dims, each operand's batch strides (0 where it is broadcast), the two matrices, and
+    ``m, n, k`` (a 1-D ``a`` is one row, a 1-D ``b`` one column).
+
+    The output is contiguous ``[*batch, m, n]`` (dropping the 1-D sides changes no offset).
+    """
+    a_shape, b_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.in_type(1))
+    out_shape = ctx.shape(ctx.out_type(0))
+    if not a_shape or not b_shape:
+        raise Unsupported("MatMul of a scalar")
+    a2 = (1, *a_shape) if len(a_shape) == 1 else tuple(a_shape)
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else tuple(b_shape)
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    batch = list(out_shape[: len(out_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
+    a_strides = broadcast_strides(a2, (*batch, m, k))
+    b_strides = broadcast_strides(b2, (*batch, k, n))
+    a_row, a_col = (a_strides[-2], a_strides[-1]) if not dim_is(m, 1) else (0, a_strides[-1])
+    b_row, b_col = (b_strides[-2], b_strides[-1]) if not dim_is(n, 1) else (b_strides[-2], 0)
+    return (batch, [a_strides[:-2], b_strides[:-2]], Matrix(ctx.in_ptr(0), a_row, a_col),
+            Matrix(ctx.in_ptr(1), b_row, b_col), m, n, k)
+
+
+def emit_matmul(ctx: KernelContext) -> None:
+    """Output 0 = input 0 @ input 1 with numpy matmul semantics (no epilogue).
+
+    When ``b`` is shared by every batch (batch strides 0) and ``a`` is a contiguous
+    stack of matrices, the batch is folded into the rows: one larger product.
+    """
+    batch, (a_batch, b_batch), a, b, m, n, k = matmul_operands(ctx)
+    out = ctx.out_ptr(0)
+    zero = ir.Constant(I64, 0)
+    a_shape = ctx.shape(ctx.in_type(0))
+    a_stacked = len(a_shape) >= 2 and len(a_shape) - 2 == len(batch) and dim_is(a.col_stride, 1) \
+        and all(sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a_shape[:-2], batch))
+    if batch and a_stacked and all(dim_is(s, 0) for s in b_batch):
+        rows = sympy.expand(sympy.Mul(*batch, m))
+        emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k)
+        return
+    out_batch = broadcast_strides([*batch, m, n], [*batch, m, n])[:-2]
+    with strided_loops(ctx, batch, [a_batch, b_batch, out_batch]) as (a_off, b_off, out_off):
+        emit_gemm(ctx, a, a_off, b, b_off, out, out_off, m, n, k)
+
+
+@register_kernel("MatMul")
+def matmul(ctx: KernelContext) -> None:
+    """``a @ b`` (float32/float64), numpy matmul semantics."""
+    float_type_of(ctx)
+    emit_matmul(ctx)
+
+
+@register_kernel("FusedMatMul", domain="com.egraft")
+def fused_matmul(ctx: KernelContext) -> None:
+    """``act(a @ b + bias + Z)``, bias and Z broadcast to the result."""
+    float_type_of(ctx)
+    emit_matmul(ctx)
+    addends = [Addend(i) for i in (2, 3) if ctx.has_input(i)]
+    emit_epilogue(ctx, 1.0, addends, ctx.attr("activation", ""), ctx.attr("activation_params", []))
+
+
+# ---- Gemm -----------------------------------------------------------------------------------------
+def emit_gemm_node(ctx: KernelContext) -> None:
+    """``alpha * A' @ B' + beta * C`` (and, for FusedGemm, ``+ Z`` then the activation)."""
+    float_type_of(ctx)
+    a_shape, b_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.in_type(1))
+    if len(a_shape) != 2 or len(b_shape) != 2:
+        raise Unsupported("Gemm needs 2-D A and B")
+    m, n = ctx.shape(ctx.out_type(0))
+    k = a_shape[0] if ctx.attr("transA", 0) else a_shape[1]
+    a = Matrix(ctx.in_ptr(0), 1, m) if ctx.attr("transA", 0) else Matrix(ctx.in_ptr(0), a_shape[1], 1)
+    b = Matrix(ctx.in_ptr(1), 1, k) if ctx.attr("transB", 0) else Matrix(ctx.in_ptr(1), n, 1)
+    zero = ir.Constant(I64, 0)
+    emit_gemm(ctx, a, zero, b, zero, ctx.out_ptr(0), zero, m, n, k)
+    alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    addends = []
+    if ctx.has_input(2) and beta != 0.0:
+        addends.append(Addend(2, beta))
+    if ctx.node.domain == "com.egraft" and ctx.has_input(3):
+        addends.append(Addend(3))
+    emit_epilogue(ctx, alpha, addends, ctx.attr("activation", "") if ctx.node.domain == "com.egraft" else "",
+                  ctx.attr("activation_params", []) if ctx.node.domain == "com.egraft" else [])
+
+
+@register_kernel("Gemm")
+def gemm(ctx: KernelContext) -> None:
+    """``alpha * A' @ B' + beta * C`` with ``transA``/``transB``, C broadcast to [M, N]."""
+    emit_gemm_node(ctx)
+
+
+@register_kernel("FusedGemm", domain="com.egraft")
+def fused_gemm(ctx: KernelContext) -> None:
+    """``act(alpha * A' @ B' + beta * C + Z)``."""
+    emit_gemm_node(ctx)
+
+
+# ---- Attention ------------------------------------------------------------------------------------
+@register_kernel("Attention", domain="com.egraft")
+def attention(ctx: KernelContext) -> None:
+    """``Softmax(scale * Q @ Kt + mask, axis=-1) @ V`` one query row at a time: the row of
+    scores lives in a heap buffer of T elements, each loop runs over a contiguous axis
+    (T for the scores, Dv for the output row).
+
+    Example: ``Q: f32[B, H, S, 64]``, ``Kt: f32[B, H, 64, T]``, ``V: f32[B, H, T, 64]``,
+    ``mask: f32[S, T]`` (read with batch strides 0).
+    """
+    t = float_type_of(ctx)
+    bld = ctx.builder
+    q_shape, kt_shape, v_shape = (ctx.shape(ctx.in_type(i)) for i in range(3))
+    out_shape = ctx.shape(ctx.out_type(0))
+    if min(len(q_shape), len(kt_shape), len(v_shape)) < 2:
+        raise Unsupported("Attention operands of rank < 2")
+    batch = list(out_shape[:-2])
+    s_len, d_len, t_len, dv_len = q_shape[-2], q_shape[-1], kt_shape[-1], v_shape[-1]
+    q = broadcast_strides(q_shape, (*batch, s_len, d_len))
+    kt = broadcast_strides(kt_shape, (*batch, d_len, t_len))
+    v = broadcast_strides(v_shape, (*batch, t_len, dv_len))
+    out = broadcast_strides(out_shape, out_shape)
+    has_mask = ctx.has_input(3)
+    mask = broadcast_strides(ctx.shape(ctx.in_type(3)), (*batch, s_len, t_len)) if has_mask else [0] * (len(batch) + 2)
+    pq, pk, pv, py = ctx.in_ptr(0), ctx.in_ptr(1), ctx.in_ptr(2), ctx.out_ptr(0)
+    pm = ctx.in_ptr(3) if has_mask else None
+    scale = ir.Constant(t, float(ctx.attr("scale", 1.0)))
+    zero = ir.Constant(t, 0.0)
+    t_ = ctx.dim(t_len)
+    scores = heap_buffer(ctx, t, t_)
+    best, total = ctx.alloca(t, name="max"), ctx.alloca(t, name="sum")
+    strides = [st[:-2] for st in (q, kt, v, mask, out)]
+    with strided_loops(ctx, batch, strides) as (q_off, kt_off, v_off, mask_off, out_off):
+        with ctx.loop(ctx.dim(s_len), name="s") as s:
+            q_row = offset_of(ctx, q_off, (s, q[-2]))
+            with ctx.loop(t_, name="t0") as j:
+                store_at(ctx, zero, scores, j)
+            with ctx.loop(ctx.dim(d_len), name="d") as d:
+                qv = load_at(ctx, pq, offset_of(ctx, q_row, (d, q[-1])))
+                kt_row = offset_of(ctx, kt_off, (d, kt[-2]))
+                with ctx.loop(t_, name="t1") as j:
+                    acc = load_at(ctx, scores, j)
+                    store_at(ctx, _fma(ctx, qv, load_at(ctx, pk, offset_of(ctx, kt_row, (j, kt[-1]))), acc), scores, j)
+            bld.store(ir.Constant(t, float("-inf")), best)
+            mask_row = offset_of(ctx, mask_off, (s, mask[-2]))
+            with ctx.loop(t_, name="t2") as j:
+                x = bld.fmul(load_at(ctx, scores, j), scale)
+                if pm is not None:
+                    x = bld.fadd(x, load_at(ctx, pm, offset_of(ctx, mask_row, (j, mask[-1]))))
+                store_at(ctx, x, scores, j)
+                bld.store(ctx.math.maximum(bld.load(best), x), best)
+            bld.store(zero, total)
+            with ctx.loop(t_, name="t3") as j:
+                e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
+                store_at(ctx, e, scores, j)
+                bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
+            with ctx.loop(t_, name="t4") as j:
+                store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
+            out_row = offset_of(ctx, out_off, (s, out[-2]))
+            dv_ = ctx.dim(dv_len)
+            with ctx.loop(dv_, name="v0") as c:
+                store_at(ctx, zero, py, bld.add(out_row, c))
+            with ctx.loop(t_, name="t5") as j:
+                p = load_at(ctx, scores, j)
+                v_row = offset_of(ctx, v_off, (j, v[-2]))
+                with ctx.loop(dv_, name="v1") as c:
+                    where = bld.add(out_row, c)
+                    acc = load_at(ctx, py, where)
+                    store_at(ctx, _fma(ctx, p, load_at(ctx, pv, offset_of(ctx, v_row, (c, v[-1]))), acc), py, where)
+    heap_free(ctx, scores)

@@ -1,0 +1,346 @@
+"""Generated dense kernels (egraft/kernels/cpu/gemm.py, reduce.py) against onnxruntime:
+MatMul (1-D, batched, broadcast, symbolic batch), Gemm (transposes, alpha/beta, C
+broadcasting), the Reduce* ops, Softmax/LogSoftmax (opsets 11 and 13), LayerNormalization,
+BatchNormalization, and egraft's fused FusedGemm, FusedMatMul, LayerNorm, Gelu and
+Attention against the equivalent standard-ONNX models."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from conftest import check_compiled, run_onnxruntime
+from onnx import TensorProto, helper, numpy_helper
+
+import egraft
+from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.ops.fused import ACTIVATIONS
+from egraft.ir.types import DType, TensorType
+from egraft.kernels.cpu.reduce import axis_runs
+from egraft.lowering.compile import compile_graph
+from egraft.testing.models import scale_relative_error
+
+RNG = np.random.default_rng(11)
+
+
+def _f32(*shape) -> np.ndarray:
+    return RNG.normal(size=shape).astype(np.float32)
+
+
+def _model(op: str, inputs: dict[str, np.ndarray], opset: int = 17, dims: dict | None = None,
+           initializers: dict | None = None, outputs: int = 1, **attrs) -> onnx.ModelProto:
+    """One ``op`` node over graph inputs ``inputs`` (``dims`` overrides their declared
+    shapes) and constant ``initializers``; outputs y (and y1, y2...)."""
+    dims = dims or {}
+    names = list(inputs) + list(initializers or {})
+    out_names = ["y"] + [f"y{k}" for k in range(1, outputs)]
+    node = helper.make_node(op, names, out_names, **attrs)
+    graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                                  dims.get(k, list(a.shape))) for k, a in inputs.items()]
+    inits = [numpy_helper.from_array(a, k) for k, a in (initializers or {}).items()]
+    dtype = helper.np_dtype_to_tensor_dtype(next(iter(inputs.values())).dtype)
+    outs = [helper.make_tensor_value_info(n, dtype, None) for n in out_names]
+    return helper.make_model(helper.make_graph([node], "g", graph_inputs, outs, inits),
+                             opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _chain(nodes: list, inputs: dict[str, np.ndarray], initializers: dict | None = None,
+           opset: int = 18) -> onnx.ModelProto:
+    """A standard-ONNX model of ``nodes`` whose last node's output is ``y``."""
+    graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+                    for k, a in inputs.items()]
+    inits = [numpy_helper.from_array(a, k) for k, a in (initializers or {}).items()]
+    return helper.make_model(helper.make_graph(nodes, "g", graph_inputs,
+                                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                               inits), opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run_fused(op: str, inputs: dict[str, np.ndarray | None], out_shape: tuple, **attrs) -> np.ndarray:
+    """Compile one com.egraft ``op`` node (None inputs are omitted optional inputs); it must be
+    one generated kernel. Returns its output on ``inputs``."""
+    values = [None if a is None else Value(k, TensorType(DType.FLOAT32, a.shape)) for k, a in inputs.items()]
+    while values and values[-1] is None:
+        values.pop()
+    y = Value("y", TensorType(DType.FLOAT32, out_shape))
+    graph = Graph("g", [v for v in values if v is not None], [y],
+                  [Node(op, tuple(values), (y,), attrs, domain="com.egraft")], opsets={"": 17, "com.egraft": 1})
+    compiled = compile_graph(graph)
+    assert [s.kind for s in compiled.steps] == ["kernel"], compiled.report().fallbacks
+    return compiled.run({k: a for k, a in inputs.items() if a is not None})["y"]
+
+
+# ---- MatMul ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("a_shape", "b_shape"), [
+    ((3, 5), (5, 7)), ((5,), (5, 7)), ((3, 5), (5,)), ((5,), (5,)), ((1, 1), (1, 1)),
+    ((2, 3, 5), (5, 7)), ((2, 1, 3, 5), (4, 5, 7)), ((3, 5), (2, 5, 9)), ((2, 3, 17), (17,)), ((9,), (2, 9, 4)),
+    ((2, 4, 33, 40), (2, 4, 40, 19)), ((70, 300), (300, 600)), ((1, 513), (513, 260)),
+])
+def test_matmul(a_shape, b_shape):
+    a, b = _f32(*a_shape), _f32(*b_shape)
+    got = check_compiled(_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b}, rtol=1e-3, atol=1e-3)
+    assert scale_relative_error(got["y"], np.matmul(a.astype(np.float64), b)) <= 1e-5
+
+
+def test_matmul_float64_and_constant_weights():
+    a, w = RNG.normal(size=(6, 10)), RNG.normal(size=(10, 3))
+    check_compiled(_model("MatMul", {"a": a}, initializers={"w": w}), {"a": a}, rtol=1e-12, atol=1e-12)
+
+
+def test_matmul_symbolic_batch_runs_at_two_sizes():
+    w = _f32(32, 24)
+    model = _model("MatMul", {"x": _f32(1, 5, 32)}, dims={"x": ["batch", "seq", 32]}, initializers={"w": w})
+    compiled = compile_graph(egraft.load(model))
+    assert not compiled.report().fallbacks
+    for batch, seq in ((1, 5), (3, 7)):
+        x = _f32(batch, seq, 32)
+        want = run_onnxruntime(model, {"x": x})["y"]
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_batched_matmul_symbolic_batch_both_operands():
+    model = _model("MatMul", {"a": _f32(2, 3, 8), "b": _f32(2, 8, 4)}, dims={"a": ["n", 3, 8], "b": ["n", 8, 4]})
+    compiled = compile_graph(egraft.load(model))
+    for n in (1, 4):
+        feeds = {"a": _f32(n, 3, 8), "b": _f32(n, 8, 4)}
+        np.testing.assert_allclose(compiled.run(feeds)["y"], feeds["a"] @ feeds["b"], rtol=1e-5, atol=1e-5)
+
+
+# ---- Gemm -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("trans_a", [0, 1])
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("c_shape", [None, (), (1,), (11,), (1, 11), (9, 1), (9, 11)])
+def test_gemm(trans_a, trans_b, c_shape):
+    m, k, n = 9, 13, 11
+    a = _f32(*((k, m) if trans_a else (m, k)))
+    b = _f32(*((n, k) if trans_b else (k, n)))
+    feeds = {"a": a, "b": b}
+    if c_shape is not None:
+        feeds["c"] = _f32(*c_shape)
+    check_compiled(_model("Gemm", feeds, transA=trans_a, transB=trans_b, alpha=0.7, beta=-1.3), feeds,
+                   rtol=1e-4, atol=1e-5)
+
+
+def test_gemm_defaults_beta_zero_and_large():
+    a, b, c = _f32(70, 300), _f32(130, 300), _f32(130)
+    check_compiled(_model("Gemm", {"a": a, "b": b, "c": c}, transB=1), {"a": a, "b": b, "c": c}, rtol=1e-3, atol=1e-3)
+    c_nan = np.full((130,), np.nan, np.float32)
+    got = compile_graph(egraft.load(_model("Gemm", {"a": a, "b": b, "c": c_nan}, transB=1, beta=0.0))).run(
+        {"a": a, "b": b, "c": c_nan})["y"]
+    assert scale_relative_error(got, a @ b.T) <= 1e-5  # beta=0: C is not read
+    a2, b2 = _f32(64, 200), _f32(200, 300)
+    check_compiled(_model("Gemm", {"a": a2}, initializers={"b": b2}, alpha=2.0), {"a": a2}, rtol=1e-3, atol=1e-3)
+
+
+# ---- reductions -----------------------------------------------------------------------------------
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL2",
+              "ReduceL1", "ReduceLogSum"]
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+@pytest.mark.parametrize("axes", [None, [0], [1], [-1], [0, 2], [1, 2], [0, 1, 2]])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("opset", [11, 18])
+def test_reduce(op, axes, keepdims, opset):
+    x = RNG.uniform(0.5, 1.5, size=(3, 4, 5)).astype(np.float32)
+    if op in ("ReduceSum", "ReduceMax", "ReduceMin", "ReduceL1"):
+        x = x * RNG.choice([-1, 1], size=x.shape).astype(np.float32)
+    axes_as_input = opset >= (13 if op == "ReduceSum" else 18)
+    if axes_as_input:
+        inits = {} if axes is None else {"axes": np.array(axes, np.int64)}
+        model = _model(op, {"x": x}, opset=opset, initializers=inits, keepdims=keepdims)
+    else:
+        model = _model(op, {"x": x}, opset=opset, keepdims=keepdims, **({} if axes is None else {"axes": axes}))
+    check_compiled(model, {"x": x}, rtol=1e-5, atol=1e-6)
+
+
+def test_reduce_long_rows_noop_and_computed_axes():
+    x = _f32(4, 5000)
+    got = check_compiled(_model("ReduceSum", {"x": x}, opset=13, initializers={"axes": np.array([1], np.int64)}),
+                         {"x": x}, rtol=1e-3, atol=1e-3)
+    assert scale_relative_error(got["y"], x.astype(np.float64).sum(1, keepdims=True)) <= 1e-4
+    x3 = _f32(2, 3, 4)
+    check_compiled(_model("ReduceMax", {"x": x3}, opset=18, noop_with_empty_axes=1), {"x": x3})
+    check_compiled(_model("ReduceMean", {"x": x3}, dims={"x": ["n", 3, 4]}, opset=18,
+                          initializers={"axes": np.array([1], np.int64)}, keepdims=0), {"x": x3})
+    axes = np.array([1], np.int64)
+    computed = _model("ReduceSum", {"x": x3, "axes": axes}, opset=13)
+    compiled = compile_graph(egraft.load(computed))
+    assert [f[2] for f in compiled.report().fallbacks] == ["axes computed at run time"]
+
+
+def test_axis_runs():
+    assert axis_runs((2, 3, 4, 5), (2, 3)) == [(False, 6), (True, 20)]
+    assert axis_runs((2, 1, 4, 5), (0, 2)) == [(True, 8), (False, 5)]
+
+
+# ---- Softmax, LogSoftmax --------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize(("opset", "axis"), [(11, None), (11, 0), (11, 2), (11, -1), (13, None), (13, 0), (13, 1),
+                                             (13, -2)])
+def test_softmax(op, opset, axis):
+    x = _f32(3, 4, 5) * 4
+    x[0, 0, 0] = 80.0  # large values: the max is subtracted first
+    attrs = {} if axis is None else {"axis": axis}
+    check_compiled(_model(op, {"x": x}, opset=opset, **attrs), {"x": x}, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_symbolic_rows():
+    model = _model("Softmax", {"x": _f32(2, 10)}, dims={"x": ["n", 10]}, opset=13)
+    compiled = compile_graph(egraft.load(model))
+    for n in (1, 6):
+        x = _f32(n, 10)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-5,
+                                   atol=1e-7)
+
+
+# ---- normalization ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("axis", [-1, 1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_normalization(axis, bias):
+    x = _f32(2, 3, 16) * 3 + 1
+    normalized = x.shape[axis:] if axis >= 0 else x.shape[axis:]
+    inits = {"scale": _f32(*normalized)}
+    if bias:
+        inits["bias"] = _f32(*normalized)
+    check_compiled(_model("LayerNormalization", {"x": x}, initializers=inits, axis=axis, epsilon=1e-3), {"x": x},
+                   rtol=1e-4, atol=1e-5)
+
+
+def test_layer_normalization_broadcast_scale_and_mean_output_falls_back():
+    x = _f32(4, 3, 8)
+    check_compiled(_model("LayerNormalization", {"x": x}, initializers={"scale": _f32(8), "bias": _f32(1)}, axis=1),
+                   {"x": x}, rtol=1e-4, atol=1e-5)
+    model = _model("LayerNormalization", {"x": x}, initializers={"scale": _f32(8)}, outputs=2)
+    fallbacks = compile_graph(egraft.load(model)).report().fallbacks
+    assert [f[1] for f in fallbacks] == ["LayerNormalization"]
+
+
+@pytest.mark.parametrize(("shape", "opset"), [((2, 3, 4, 5), 15), ((2, 3), 9), ((4, 3, 7), 14), ((5,), 15)])
+def test_batch_normalization(shape, opset):
+    x = _f32(*shape)
+    c = shape[1] if len(shape) > 1 else 1
+    inits = {"scale": _f32(c), "bias": _f32(c), "mean": _f32(c),
+             "var": RNG.uniform(0.5, 2, size=c).astype(np.float32)}
+    check_compiled(_model("BatchNormalization", {"x": x}, opset=opset, initializers=inits, epsilon=1e-3), {"x": x},
+                   rtol=1e-5, atol=1e-6)
+
+
+def test_batch_normalization_training_falls_back():
+    x = _f32(2, 3, 4)
+    inits = {"scale": _f32(3), "bias": _f32(3), "mean": _f32(3), "var": np.ones(3, np.float32)}
+    model = _model("BatchNormalization", {"x": x}, opset=15, initializers=inits, training_mode=1)
+    reasons = [f[2] for f in compile_graph(egraft.load(model)).report().fallbacks]
+    assert reasons == ["BatchNormalization in training mode"]
+
+
+# ---- fused ops ------------------------------------------------------------------------------------
+_ONNX_ACTIVATION = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "tanh": ("Tanh", {}),
+                    "hard_swish": ("HardSwish", {}), "leaky_relu": ("LeakyRelu", {"alpha": 0.2}),
+                    "hard_sigmoid": ("HardSigmoid", {"alpha": 0.3, "beta": 0.4})}
+_PARAMS = {"leaky_relu": [0.2], "hard_sigmoid": [0.3, 0.4], "clip": [-0.5, 0.8]}
+
+
+def _activation_nodes(activation: str, x: str) -> tuple[list, dict]:
+    """Standard-ONNX nodes computing ``activation(x)`` into ``y``, and their constants."""
+    if activation == "":
+        return [helper.make_node("Identity", [x], ["y"])], {}
+    if activation in _ONNX_ACTIVATION:
+        op, attrs = _ONNX_ACTIVATION[activation]
+        return [helper.make_node(op, [x], ["y"], **attrs)], {}
+    if activation == "clip":
+        lo, hi = _PARAMS["clip"]
+        return [helper.make_node("Clip", [x, "lo", "hi"], ["y"])], {"lo": np.array(lo, np.float32),
+                                                                    "hi": np.array(hi, np.float32)}
+    constants = {"half": np.array(0.5, np.float32), "one": np.array(1.0, np.float32)}
+    if activation == "gelu":
+        constants["root2"] = np.array(math.sqrt(2), np.float32)
+        nodes = [helper.make_node("Div", [x, "root2"], ["g0"]), helper.make_node("Erf", ["g0"], ["phi"])]
+    else:
+        constants.update(c=np.array(0.044715, np.float32), k=np.array(math.sqrt(2 / math.pi), np.float32))
+        nodes = [helper.make_node("Mul", [x, x], ["g0"]), helper.make_node("Mul", ["g0", x], ["g1"]),
+                 helper.make_node("Mul", ["g1", "c"], ["g2"]), helper.make_node("Add", [x, "g2"], ["g3"]),
+                 helper.make_node("Mul", ["g3", "k"], ["g4"]), helper.make_node("Tanh", ["g4"], ["phi"])]
+    nodes += [helper.make_node("Mul", ["half", x], ["hx"]), helper.make_node("Add", ["phi", "one"], ["p1"]),
+              helper.make_node("Mul", ["hx", "p1"], ["y"])]
+    return nodes, constants
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_fused_gemm(activation):
+    a, b, c, z = _f32(6, 9), _f32(7, 9), _f32(7), _f32(6, 7)
+    attrs = {"alpha": 0.5, "beta": 2.0, "transB": 1, "activation": activation,
+             "activation_params": _PARAMS.get(activation, [])}
+    got = _run_fused("FusedGemm", {"A": a, "B": b, "C": c, "Z": z}, (6, 7), **attrs)
+    act, constants = _activation_nodes(activation, "s")
+    nodes = [helper.make_node("Gemm", ["A", "B", "C"], ["g"], alpha=0.5, beta=2.0, transB=1),
+             helper.make_node("Add", ["g", "Z"], ["s"]), *act]
+    want = run_onnxruntime(_chain(nodes, {"A": a, "B": b, "C": c, "Z": z}, constants), {"A": a, "B": b, "C": c,
+                                                                                          "Z": z})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_gemm_without_addends():
+    a, b = _f32(5, 4), _f32(5, 3)
+    got = _run_fused("FusedGemm", {"A": a, "B": b}, (4, 3), transA=1, activation="relu")
+    np.testing.assert_allclose(got, np.maximum(a.T @ b, 0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_fused_matmul(activation):
+    a, b, bias, z = _f32(2, 5, 8), _f32(8, 6), _f32(6), _f32(5, 6)
+    got = _run_fused("FusedMatMul", {"A": a, "B": b, "bias": bias, "Z": z}, (2, 5, 6), activation=activation,
+                     activation_params=_PARAMS.get(activation, []))
+    act, constants = _activation_nodes(activation, "s")
+    nodes = [helper.make_node("MatMul", ["A", "B"], ["m"]), helper.make_node("Add", ["m", "bias"], ["m1"]),
+             helper.make_node("Add", ["m1", "Z"], ["s"]), *act]
+    feeds = {"A": a, "B": b, "bias": bias, "Z": z}
+    want = run_onnxruntime(_chain(nodes, feeds, constants), feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_matmul_residual_only():
+    a, b, z = _f32(4, 8), _f32(2, 8, 3), _f32(1, 4, 1)
+    got = _run_fused("FusedMatMul", {"A": a, "B": b, "bias": None, "Z": z}, (2, 4, 3))
+    np.testing.assert_allclose(got, a @ b + z, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_fused_layer_norm(bias, axis):
+    x = _f32(3, 4, 10) * 2 + 0.5
+    normalized = x.shape[axis:]
+    scale, b = _f32(*normalized), (_f32(*normalized) if bias else None)
+    got = _run_fused("LayerNorm", {"X": x, "scale": scale, "bias": b}, x.shape, axis=axis, epsilon=1e-4)
+    inits = {"scale": scale} | ({"bias": b} if bias else {})
+    model = _model("LayerNormalization", {"x": x}, initializers=inits, axis=axis, epsilon=1e-4)
+    np.testing.assert_allclose(got, run_onnxruntime(model, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_fused_gelu(approximate):
+    x = _f32(4, 33) * 3
+    got = _run_fused("Gelu", {"X": x}, x.shape, approximate=approximate)
+    nodes, constants = _activation_nodes("gelu" if approximate == "none" else "gelu_tanh", "X")
+    want = run_onnxruntime(_chain(nodes, {"X": x}, constants), {"X": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("q_shape", "kt_shape", "v_shape", "mask_shape", "out_shape"), [
+    ((2, 3, 4, 8), (2, 3, 8, 5), (2, 3, 5, 6), (4, 5), (2, 3, 4, 6)),
+    ((3, 4, 8), (8, 5), (5, 6), (3, 1, 5), (3, 4, 6)),
+    ((4, 8), (2, 8, 5), (5, 6), None, (2, 4, 6)),
+    ((1, 2, 7, 16), (1, 2, 16, 9), (1, 2, 9, 16), (1, 1, 1, 9), (1, 2, 7, 16)),
+])
+def test_fused_attention(q_shape, kt_shape, v_shape, mask_shape, out_shape):
+    q, kt, v = _f32(*q_shape), _f32(*kt_shape), _f32(*v_shape)
+    mask = None if mask_shape is None else np.where(RNG.random(mask_shape) < 0.2, -1e4, 0).astype(np.float32)
+    got = _run_fused("Attention", {"Q": q, "Kt": kt, "V": v, "mask": mask}, out_shape, scale=0.25)
+    feeds = {"Q": q, "Kt": kt, "V": v} | ({} if mask is None else {"mask": mask})
+    nodes = [helper.make_node("MatMul", ["Q", "Kt"], ["qk"]), helper.make_node("Mul", ["qk", "scale"], ["s0"])]
+    nodes += [helper.make_node("Add", ["s0", "mask"], ["s"])] if mask is not None else \
+        [helper.make_node("Identity", ["s0"], ["s"])]
+    nodes += [helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "V"], ["y"])]
+    want = run_onnxruntime(_chain(nodes, feeds, {"scale": np.array(0.25, np.float32)}), feeds)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
