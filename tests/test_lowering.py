@@ -175,7 +175,7 @@ def test_cli_compile_writes_a_build_and_refuses_to_overwrite_it(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["kernels"] >= 1 and report["peak_bytes"] is not None
-    assert (out / "module.ll").read_text().count("define void @k") == report["kernels"]
+    assert (out / "module.ll").read_text().count("define void @\"k") == report["kernels"]
     exported = onnx.load(out / "model.opt.onnx")
     x = np.ones((2, 2, 3), np.float32)
     np.testing.assert_allclose(run_onnxruntime(exported, {"x": x})["y"],

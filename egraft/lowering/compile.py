@@ -78,9 +78,9 @@ def _is_view(node: Node) -> bool:
 
 
 def _contiguous_slice(graph: Graph, node: Node) -> int | None:
-    """For a Slice of a static shape with constant parameters and unit steps whose result
-    is one contiguous run of its input, the element offset where that run starts; else
-    ``None`` (it is computed by a kernel).
+    """For a Slice of a static shape with constant starts (and axes, steps), unit steps,
+    whose result (of the length inference gave it) is one contiguous run of its input, the
+    element offset where that run starts; else ``None`` (it is computed by a kernel).
 
     Example: ``x: f32[4, 8, 16]`` sliced to ``x[1:3]`` is elements 128..384 of ``x``: 128.
     """
@@ -90,26 +90,26 @@ def _contiguous_slice(graph: Graph, node: Node) -> int | None:
     if shape is None or not all(isinstance(d, int) for d in shape):
         return None
     if node_opset(graph, node) < 10:
-        starts, ends, axes, steps = node.attrs.get("starts"), node.attrs.get("ends"), node.attrs.get("axes"), None
+        starts, axes, steps = node.attrs.get("starts"), node.attrs.get("axes"), None
     else:
         params = []
-        for v in node.inputs[1:5]:
-            if v is not None and v.const is None:
-                return None
-            params.append(None if v is None else graph.constants[v.const].ravel().tolist())
+        for k, v in enumerate(node.inputs[1:5]):
+            if v is not None and v.const is None and k != 1:
+                return None  # computed ends are fine: the output type has the lengths
+            params.append(None if v is None or v.const is None else graph.constants[v.const].ravel().tolist())
         params += [None] * (4 - len(params))
-        starts, ends, axes, steps = params
-    if starts is None or ends is None:
+        starts, _, axes, steps = params
+    out_shape = node.outputs[0].type.shape
+    if starts is None or out_shape is None or len(out_shape) != len(shape):
         return None
     rank = len(shape)
     axes = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes]
     steps = [1] * len(starts) if steps is None else steps
-    begin, length = [0] * rank, list(shape)
-    for start, end, axis, step in zip(starts, ends, axes, steps):
+    begin, length = [0] * rank, list(out_shape)
+    for start, axis, step in zip(starts, axes, steps):
         if step != 1:
             return None
-        first, stop, _ = slice(int(start), int(end), 1).indices(shape[axis])
-        begin[axis], length[axis] = first, max(0, stop - first)
+        begin[axis] = slice(int(start), None, 1).indices(shape[axis])[0]
     if 0 in length:
         return 0  # empty: no element to address
     cut = [j for j in range(rank) if length[j] != shape[j]]

@@ -443,10 +443,12 @@ def _slice_parameters(ctx: KernelContext, rank: int) -> list[tuple[int, int, int
         axes = None if axes is None else list(axes)
     else:
         starts = constant_ints(ctx, 1, "starts")
-        ends = constant_ints(ctx, 2, "ends")
+        # The ends only decide the output's length, which inference typed (x[0:seq] with seq
+        # read from a shape is f32[seq, ...]): computed ends are fine when the dims are bound.
+        ends = constant_ints(ctx, 2, "ends") if ctx.constant(2) is not None else [0] * len(starts or [])
         axes = constant_ints(ctx, 3, "axes")
         steps = constant_ints(ctx, 4, "steps")
-        if starts is None or ends is None:
+        if starts is None or not ctx.has_input(2):
             raise Unsupported("Slice without starts/ends")
     axes = list(range(len(starts))) if axes is None else [_normalize_axis(int(a), rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
