@@ -33,19 +33,22 @@ NoCacheOption = Annotated[bool, typer.Option("--no-cache", help="Neither read no
 
 
 def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bool, specialize: bool = False):
+    """Compile ``model`` (a path, a bundled name or a plan) with a spinner; returns a
+    function giving the ONNX model (parsed only when asked: the cache key reads the file's
+    bytes) and the compiled model."""
     import egraft
     from egraft.frontend.onnx_import import read_model
 
     if model.endswith(".json"):  # a plan: its model, extracted again with its settings
         with err_console.status("compiling the plan: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
             compiled = egraft.compile(model, use_cache=not no_cache)
-        return egraft.to_onnx(compiled.graph), compiled
-    proto = read_model(resolve_model(model))
+        return (lambda: egraft.to_onnx(compiled.graph)), compiled
+    path = resolve_model(model)
     with err_console.status("compiling: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
-        compiled = egraft.compile(proto, shape=parse_bindings(shape) if specialize else None,
+        compiled = egraft.compile(path, shape=parse_bindings(shape) if specialize else None,
                                   rules=[str(r) for r in rules or []], rules_off=list(rules_off or []),
                                   rewrite=not no_rewrite, use_cache=not no_cache)
-    return proto, compiled
+    return (lambda: read_model(path)), compiled
 
 
 def _report_table(compiled, seconds: float) -> None:
@@ -152,15 +155,15 @@ def bench(
 
     Example: egraft bench resnet50 --threads 1
     """
-    import egraft
 
     try:
         import onnxruntime as ort
     except ImportError:
         raise _fail("bench needs onnxruntime: pip install 'egraft[dev]'") from None
     try:
-        proto, compiled = _compile(model, shape, None, None, False, no_cache)
-        feeds = _read_inputs(egraft.load(proto), None, parse_bindings(shape), quiet=as_json)
+        source, compiled = _compile(model, shape, None, None, False, no_cache)
+        proto = source()
+        feeds = _read_inputs(compiled.graph, None, parse_bindings(shape), quiet=as_json)
     except EgraftError as e:
         raise _fail(str(e)) from None
     options = ort.SessionOptions()
@@ -197,13 +200,12 @@ def profile(
 
     Example: egraft profile resnet50 -o trace.json
     """
-    import egraft
 
     try:
         if output.exists() and not force:
             raise EgraftError(f"{output} exists; pass --force to overwrite it or choose another -o path")
-        proto, compiled = _compile(model, shape, None, None, False, False)
-        feeds = _read_inputs(egraft.load(proto), None, parse_bindings(shape))
+        _, compiled = _compile(model, shape, None, None, False, False)
+        feeds = _read_inputs(compiled.graph, None, parse_bindings(shape))
         compiled.run(feeds)  # warm up
         timings = []
         for _ in range(runs):

@@ -46,18 +46,75 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def _model_bytes(model) -> tuple[bytes, Graph | None]:
+def _model_digest(model) -> tuple[str, Graph | None]:
+    """SHA-256 of the model's content (a file's bytes, read without parsing them), and the
+    graph when the model is one already. A model whose weights live in external data files
+    is keyed by its .onnx file alone: edit those files and clear the cache."""
     import onnx
 
-    from egraft.frontend.onnx_import import read_model
-
     if isinstance(model, Graph):
-        return pickle.dumps((str(model), sorted(model.constants))), model
+        return hashlib.sha256(pickle.dumps((str(model), sorted(model.constants)))).hexdigest(), model
     if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString(deterministic=True), None
+        return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest(), None
     if isinstance(model, bytes | bytearray):
-        return bytes(model), None
-    return read_model(Path(model)).SerializeToString(deterministic=True), None
+        return hashlib.sha256(bytes(model)).hexdigest(), None
+    path = Path(model)
+    try:
+        with path.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest(), None
+    except OSError as e:
+        raise EgraftError(f"{path}: cannot read the model: {e.strerror}") from None
+
+
+def _write_entry(entry: Path, lowered) -> None:
+    """The lowered model as two files: ``KEY.bin``, its constants back to back (64-byte
+    aligned), and ``KEY.pkl``, everything else with the constants' places in the blob."""
+    import numpy as np
+
+    constants = lowered.graph.constants
+    if any(np.asarray(a).dtype == object for a in constants.values()):
+        index, blob = None, b""
+    else:
+        index, parts, offset = {}, [], 0
+        for key in sorted(constants):
+            array = np.asarray(constants[key])
+            data = array.tobytes()
+            pad = (-offset) % 64
+            parts.append(b"\0" * pad)
+            offset += pad
+            index[key] = (offset, array.dtype.str, array.shape)
+            parts.append(data)
+            offset += len(data)
+        blob = b"".join(parts)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    if index is not None:
+        lowered.graph.constants = {}
+    try:
+        payload = pickle.dumps((lowered, index), protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        lowered.graph.constants = constants
+    for suffix, data in ((".bin", blob), (".pkl", payload)):  # the .pkl last: its presence means complete
+        tmp = entry.with_suffix(f"{suffix}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(entry.with_suffix(suffix))
+
+
+def _read_entry(entry: Path):
+    """The lowered model of a cache entry, its constants memory-mapped from the blob
+    (read-only: nothing is copied until a kernel reads it)."""
+    import numpy as np
+
+    lowered, index = pickle.loads(entry.read_bytes())
+    if index is not None:
+        blob_path = entry.with_suffix(".bin")
+        blob = np.memmap(blob_path, mode="r") if blob_path.stat().st_size else np.zeros(0, np.uint8)
+        constants = {}
+        for key, (offset, dtype, shape) in index.items():
+            dt = np.dtype(dtype)
+            count = int(np.prod(shape)) * dt.itemsize
+            constants[key] = blob[offset:offset + count].view(dt).reshape(shape)
+        lowered.graph.constants = constants
+    return lowered
 
 
 def cache_root() -> Path:
@@ -132,7 +189,7 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     from egraft.lowering.compile import compile_lowered, lower
 
     start = time.perf_counter()
-    data, graph = _model_bytes(model)
+    digest, graph = _model_digest(model)
     bindings = dict(sorted((shape or {}).items()))
     rule_texts = [Path(p).read_bytes() for p in rules]
     h = hashlib.sha256()
@@ -143,12 +200,12 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
         h.update(b"\0")
     for text in rule_texts:
         h.update(hashlib.sha256(text).digest())
-    h.update(hashlib.sha256(data).digest())
+    h.update(digest.encode())
     key = h.hexdigest()
     entry = cache_root() / f"{key}.pkl"
     if use_cache and entry.is_file():
         try:
-            lowered = pickle.loads(entry.read_bytes())
+            lowered = _read_entry(entry)
         except Exception:  # a damaged entry is rebuilt, never trusted
             lowered = None
         if lowered is not None:
@@ -181,10 +238,7 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     compiled.cache_hit = False
     if use_cache:
         try:
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            tmp = entry.with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(lowered, protocol=pickle.HIGHEST_PROTOCOL))
-            tmp.replace(entry)
+            _write_entry(entry, lowered)
         except OSError:
             pass  # an unwritable cache only costs the next compile its time
     return compiled

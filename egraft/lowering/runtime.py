@@ -86,14 +86,6 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.array(array, order="C")
 
 
-def _aligned_copy(array: np.ndarray) -> np.ndarray:
-    array = _contiguous(np.asarray(array))
-    out = _aligned_empty(max(array.nbytes, 1)).view(np.uint8)[: array.nbytes]
-    out = out.view(array.dtype).reshape(array.shape) if array.nbytes else np.empty(array.shape, array.dtype)
-    out[...] = array
-    return out
-
-
 class CompiledModel:
     """A graph compiled for this CPU.
 
@@ -114,7 +106,7 @@ class CompiledModel:
         for step in lowered.steps:
             for v in step.node.inputs:
                 if v is not None and v.const is not None and v.name not in self._constants:
-                    self._constants[v.name] = _aligned_copy(self.graph.constants[v.const])
+                    self._constants[v.name] = _contiguous(np.asarray(self.graph.constants[v.const]))
         self._functions = {}
         for step in lowered.steps:
             if step.kind == "kernel":
