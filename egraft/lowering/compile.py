@@ -186,9 +186,8 @@ class _StorageGroups:
     def __init__(self, graph: Graph):
         self.last_read: dict[str, int] = {}
         for index, node in enumerate(graph.nodes):
-            for v in node.inputs:
-                if v is not None and v.const is None:
-                    self.last_read[v.name] = index
+            for name in reads(node):
+                self.last_read[name] = index
         for v in graph.outputs:
             self.last_read[v.name] = len(graph.nodes)  # read by the caller, after every step
         self.members: dict[str, set[str]] = {}
@@ -199,6 +198,28 @@ class _StorageGroups:
 
     def last_use(self, root: str) -> int:
         return max(self.last_read.get(m, -1) for m in self.members.get(root, {root}))
+
+
+def reads(node: Node) -> set[str]:
+    """The computed values ``node`` reads: its inputs, and the outer values its subgraphs
+    (If, Loop, Scan bodies) refer to."""
+    names = {v.name for v in node.inputs if v is not None and v.const is None}
+    for attr in node.attrs.values():
+        for sub in attr if isinstance(attr, list | tuple) else [attr]:
+            if isinstance(sub, Graph):
+                names |= _free_values(sub)
+    return names
+
+
+def _free_values(graph: Graph) -> set[str]:
+    """Names a subgraph reads without defining them: values of the enclosing graphs."""
+    defined = {v.name for v in graph.inputs}
+    free: set[str] = set()
+    for node in graph.nodes:
+        free |= {name for name in reads(node) if name not in defined}
+        defined |= {v.name for v in node.outputs if v is not None}
+    free |= {v.name for v in graph.outputs if v.const is None and v.name not in defined}
+    return free
 
 
 def _same_shape(a: Value, b: Value) -> bool:
@@ -251,10 +272,9 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
     last: dict[str, int] = {}
     sizes: dict[str, object] = {}
     for k, step in enumerate(steps):
-        for v in step.node.inputs:
-            if v is not None and v.const is None:
-                root = storage.get(v.name, v.name)
-                last[root] = max(last.get(root, k), k)
+        for name in reads(step.node):
+            root = storage.get(name, name)
+            last[root] = max(last.get(root, k), k)
         if step.kind == "view":
             continue
         for v in step.node.outputs:

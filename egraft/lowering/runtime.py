@@ -219,7 +219,7 @@ class CompiledModel:
                 self._fallback(step, env, table, bound, dims)
             if profile is not None:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
-        return {v.name: env[v.name] if v.const is None else self._constants[v.name].copy()
+        return {v.name: env[v.name] if v.const is None else np.array(self.graph.constants[v.const])
                 for v in self.graph.outputs}
 
     def _shape(self, v: Value, bound: Mapping[str, int]) -> tuple[int, ...]:
@@ -279,6 +279,8 @@ class CompiledModel:
             if v.name in env:
                 np.copyto(env[v.name], result.reshape(env[v.name].shape))
             else:
-                table[self._lowered.slots[v.name]] = 0
-                env[v.name] = _contiguous(result)
-                table[self._lowered.slots[v.name]] = env[v.name].ctypes.data
+                # A reference kernel may return a view of its input (a Slice, an Identity): own the
+                # memory, or a later step reusing that buffer would change this value.
+                owned = result if result.flags.owndata and result.flags.c_contiguous else np.array(result, order="C")
+                env[v.name] = owned
+                table[self._lowered.slots[v.name]] = owned.ctypes.data

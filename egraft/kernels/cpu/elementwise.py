@@ -44,6 +44,10 @@ def broadcast_strides(shape: Sequence, out: Sequence) -> list:
         if k < pad:
             continue
         d = shape[k - pad]
+        if d != 1 and not _same(d, out[k]):
+            # e.g. a data-dependent _d0 against 3: broadcast or not is only known at run time
+            raise Unsupported(f"operand dim {d} against result dim {out[k]}: whether it broadcasts is known "
+                              "only at run time")
         strides[k] = 0 if (d == 1 and out[k] != 1) else acc
         acc = acc * d
     return strides
