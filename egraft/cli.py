@@ -356,6 +356,9 @@ def conformance(
         totals.add_row(subset, str(c["total"]), str(c["pass"]), *split, str(c["wrong"]), str(c["unsupported"]),
                        str(c["error"]), f"{c['pass_rate']:.3f}")
     console.print(totals)
+    if backend == "cpu" and summary["fallback_ops"]:
+        top = list(summary["fallback_ops"].items())[:15]
+        console.print("ops on reference kernels (cases): " + ", ".join(f"{op} {n}" for op, n in top), markup=False)
 
 
 def main() -> None:  # pragma: no cover - the console script

@@ -43,6 +43,8 @@ class CaseResult:
     detail: str = ""
     #: backend cpu: True when some node ran on its reference kernel (no generated code).
     fallback: bool = False
+    #: backend cpu: the ops that ran on reference kernels.
+    fallback_ops: tuple[str, ...] = ()
 
 
 def collect_cases():
@@ -99,6 +101,7 @@ def run_case(case, backend: str = "reference") -> CaseResult:
     core = is_core(model)
     ops = case_ops(model)
     fallback = False
+    fallback_ops: tuple[str, ...] = ()
     try:
         graph = egraft.load(model)
         run = graph.run
@@ -106,7 +109,8 @@ def run_case(case, backend: str = "reference") -> CaseResult:
             from egraft.lowering.compile import compile_graph
 
             compiled = compile_graph(graph)
-            fallback = bool(compiled.report().fallbacks)
+            fallback_ops = tuple(sorted({op for _, op, _ in compiled.report().fallbacks}))
+            fallback = bool(fallback_ops)
             run = compiled.run
         for inputs, expected in case.data_sets:
             # A few cases store their data as TensorProtos (e.g. float16 casts).
@@ -124,14 +128,14 @@ def run_case(case, backend: str = "reference") -> CaseResult:
                     want = onnx.numpy_helper.to_array(want)
                 problem = _close(want, outputs[v.name], case.rtol, case.atol)
                 if problem:
-                    return CaseResult(case.name, ops, core, "wrong", f"output {i}: {problem}", fallback)
-        return CaseResult(case.name, ops, core, "pass", "", fallback)
+                    return CaseResult(case.name, ops, core, "wrong", f"output {i}: {problem}", fallback, fallback_ops)
+        return CaseResult(case.name, ops, core, "pass", "", fallback, fallback_ops)
     except UnsupportedOpError as e:
-        return CaseResult(case.name, ops, core, "unsupported", str(e), fallback)
+        return CaseResult(case.name, ops, core, "unsupported", str(e), fallback, fallback_ops)
     except EgraftError as e:
-        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}", fallback)
+        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}", fallback, fallback_ops)
     except Exception as e:  # a bug in egraft: count it, never hide it
-        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}", fallback)
+        return CaseResult(case.name, ops, core, "error", f"{type(e).__name__}: {e}", fallback, fallback_ops)
 
 
 def run_conformance(name_filter: str | None = None, progress=None, backend: str = "reference") -> list[CaseResult]:
@@ -167,7 +171,12 @@ def summarize(results: list[CaseResult]) -> dict:
         for op in r.ops:
             per_op[op].append(r)
     core = [r for r in results if r.core]
+    fallback_ops: dict[str, int] = defaultdict(int)
+    for r in results:
+        for op in r.fallback_ops:
+            fallback_ops[op] += 1
     return {
+        "fallback_ops": dict(sorted(fallback_ops.items(), key=lambda kv: (-kv[1], kv[0]))),
         "full": counts(results),
         "core": counts(core),
         "per_op": {op: counts(rs) for op, rs in sorted(per_op.items())},
