@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from egraft.errors import ExecutionError
+from egraft.errors import EgraftError, ExecutionError
 from egraft.ir.dims import evaluate_dim
 from egraft.ir.graph import Value
 from egraft.ir.infer import node_opset, resolve_op
@@ -262,6 +262,8 @@ class CompiledModel:
         try:
             with np.errstate(all="ignore"):
                 results = list((op.compute or onnx_compute)(ctx, *args))
+        except EgraftError:
+            raise  # already says what and where (an unsupported op, a bad input)
         except Exception as e:  # the reference kernel's own error, named by node
             raise ExecutionError(f"{node.label} failed: {type(e).__name__}: {e}") from e
         checker = Bindings(bound)
