@@ -2,10 +2,11 @@
 model and the test encoder, at 1 thread, in one run.
 
 Per model (compiled from an .onnx file, as `egraft compile` does): the first compile
-(rewrite + lower + LLVM -O3, with an empty cache), the second compile (from the cache), how many nodes run on generated code and on reference
-kernels, the median latency of egraft and of onnxruntime (ORT_ENABLE_ALL, 1 intra-op
-thread) on the same inputs, and their ratio. Outputs are checked against onnxruntime on
-re-weighted weights first (scale-relative error), so a fast wrong answer cannot hide.
+(rewrite + lower + LLVM -O3, with an empty cache), the second compile (from the cache),
+how many nodes run on generated code and on reference kernels, the median latency of
+egraft and of onnxruntime (ORT_ENABLE_ALL, 1 intra-op thread) on the same inputs, and
+their ratio. Outputs are checked against onnxruntime on re-weighted weights first
+(scale-relative error), so a fast wrong answer cannot hide.
 
 Run: python benchmarks/compile_latency.py [--repeat 10] [--models resnet50 ...]
 """
