@@ -136,3 +136,39 @@ def test_broadcast_strides_and_collapse():
     assert sizes == [24] and strides == [[1], [1]]
     sizes, strides = collapse((8, 64, 56, 56), [[200704, 3136, 56, 1], [0, 1, 0, 0]])
     assert sizes == [8, 64, 3136] and strides == [[200704, 3136, 1], [0, 1, 0]]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
+def test_integer_division_truncates_and_survives_zero(dtype):
+    info = np.iinfo(dtype)
+    a = RNG.integers(max(info.min, -100), min(info.max, 100), size=(6, 7)).astype(dtype)
+    b = RNG.integers(max(info.min, -9), 10, size=(7,)).astype(dtype)
+    b[b == 0] = 3
+    check_compiled(_model("Div", {"a": a, "b": b}, out_dtype=helper.np_dtype_to_tensor_dtype(np.dtype(dtype))),
+                   {"a": a, "b": b}, rtol=0, atol=0)
+    # Division by zero: egraft's reference gives 0 (onnxruntime's is undefined), and no trap.
+    zero = np.zeros(7, dtype)
+    got = compile_graph(egraft.load(_model("Div", {"a": a, "b": zero},
+                                           out_dtype=helper.np_dtype_to_tensor_dtype(np.dtype(dtype))))).run(
+        {"a": a, "b": zero})["y"]
+    np.testing.assert_array_equal(got, np.zeros_like(a))
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float32])
+def test_mod(fmod, dtype):
+    if dtype == np.float32 and not fmod:
+        pytest.skip("Mod with fmod=0 is defined for integers only")
+    a = (RNG.integers(-50, 50, size=(5, 6)) + (0.25 if dtype == np.float32 else 0)).astype(dtype)
+    b = RNG.integers(1, 9, size=(6,)).astype(dtype) * np.where(RNG.random(6) < 0.5, -1, 1).astype(dtype)
+    check_compiled(_model("Mod", {"a": a, "b": b}, fmod=fmod,
+                          out_dtype=helper.np_dtype_to_tensor_dtype(np.dtype(dtype))), {"a": a, "b": b},
+                   rtol=0, atol=1e-6)
+
+
+def test_a_view_op_that_is_a_graph_output_is_copied_by_a_kernel():
+    x = RNG.normal(size=(2, 3, 4)).astype(np.float32)
+    model = _model("Reshape", {"x": x}, initializers={"s": np.array([4, -1], np.int64)})
+    compiled = compile_graph(egraft.load(model))
+    assert [s.kind for s in compiled.steps] == ["kernel"]
+    check_compiled(model, {"x": x}, rtol=0, atol=0)

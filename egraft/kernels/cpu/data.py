@@ -774,3 +774,16 @@ def logic(ctx: KernelContext) -> None:
         return b.zext(result, I8)
 
     emit_elementwise(ctx, body, list(range(len(ctx.node.inputs))))
+
+
+@register_kernel("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Dropout")
+def copy_view(ctx: KernelContext) -> None:
+    """The view ops as a copy, where they cannot share their input's buffer (a graph output):
+    the elements in the same order."""
+    outputs = [v for v in ctx.node.outputs if v is not None]
+    if len(outputs) != 1 or ctx.node.outputs[0] is None:
+        raise Unsupported("Dropout with its mask output has no generated code")
+    _same_dtype(ctx)
+    count = _product(ctx.shape(ctx.out_type(0)))
+    zero = ir.Constant(I64, 0)
+    copy_run(ctx, ctx.out_ptr(0), zero, ctx.in_ptr(0), zero, count)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import sympy
 from llvmlite import ir
 
+from egraft.ir.dtypes import DType
 from egraft.ir.ops.fused_elementwise import parse_expr
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type
@@ -154,14 +155,61 @@ def _binary_float(op: str) -> Callable:
             "Pow": lambda b, m, x, y: m._intrinsic("pow", x, y)}[op]
 
 
-def _binary_int(op: str) -> Callable:
+def _binary_int(op: str, signed: bool) -> Callable:
     if op in ("Add", "Sum"):
         return lambda b, m, x, y: b.add(x, y)
     if op == "Sub":
         return lambda b, m, x, y: b.sub(x, y)
     if op == "Mul":
         return lambda b, m, x, y: b.mul(x, y)
+    if op == "Div":
+        return lambda b, m, x, y: _int_divide(b, x, y, signed)
     raise Unsupported(f"integer {op} has no generated code")
+
+
+def _safe_divisor(b: ir.IRBuilder, x: ir.Value, y: ir.Value, signed: bool) -> tuple[ir.Value, ir.Value]:
+    """(y with 0 and, for signed types, -1 replaced by 1; the y == 0 flag): division by zero
+    traps in hardware, and MIN / -1 overflows."""
+    zero, one = ir.Constant(y.type, 0), ir.Constant(y.type, 1)
+    is_zero = b.icmp_unsigned("==", y, zero)
+    unsafe = b.or_(is_zero, b.icmp_signed("==", y, ir.Constant(y.type, -1))) if signed else is_zero
+    return b.select(unsafe, one, y), is_zero
+
+
+def _int_divide(b: ir.IRBuilder, x: ir.Value, y: ir.Value, signed: bool) -> ir.Value:
+    """x / y truncated toward zero (as C and onnxruntime; egraft's reference agrees); 0 for y == 0,
+    -x (wrapping) for y == -1."""
+    divisor, is_zero = _safe_divisor(b, x, y, signed)
+    zero = ir.Constant(y.type, 0)
+    if not signed:
+        return b.select(is_zero, zero, b.udiv(x, divisor))
+    quotient = b.sdiv(x, divisor)
+    quotient = b.select(b.icmp_signed("==", y, ir.Constant(y.type, -1)), b.sub(zero, x), quotient)
+    return b.select(is_zero, zero, quotient)
+
+
+def _int_remainder(b: ir.IRBuilder, x: ir.Value, y: ir.Value, signed: bool, fmod: bool) -> ir.Value:
+    """x mod y with the sign of y (numpy's mod) or, with ``fmod``, of x (C's %); 0 for y == 0."""
+    divisor, is_zero = _safe_divisor(b, x, y, signed)
+    zero = ir.Constant(y.type, 0)
+    if not signed:
+        return b.select(is_zero, zero, b.urem(x, divisor))
+    r = b.srem(x, divisor)  # sign of x; y == -1 gives 0, as it should
+    if not fmod:
+        fix = b.and_(b.icmp_signed("!=", r, zero), b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+        r = b.select(fix, b.add(r, y), r)
+    return b.select(is_zero, zero, r)
+
+
+def _float_remainder(b: ir.IRBuilder, x: ir.Value, y: ir.Value, fmod: bool) -> ir.Value:
+    """fmod(x, y) (``fmod``), or numpy's mod: the remainder takes y's sign."""
+    r = b.frem(x, y)
+    if fmod:
+        return r
+    zero = ir.Constant(x.type, 0.0)
+    fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                 b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
+    return b.select(fix, b.fadd(r, y), r)
 
 
 @register_kernel("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", in_place=True)
@@ -173,9 +221,9 @@ def binary(ctx: KernelContext) -> None:
     if any(ctx.in_type(i).dtype != out_dtype for i in range(n)):
         raise Unsupported(f"{op} with mixed dtypes has no generated code")
     t = llvm_type(out_dtype)
-    if t == ir.IntType(8):
+    if out_dtype == DType.BOOL:
         raise Unsupported(f"{op} on {out_dtype.short} has no generated code")
-    fn = _binary_float(op) if is_float(t) else _binary_int(op)
+    fn = _binary_float(op) if is_float(t) else _binary_int(op, signed=out_dtype != DType.UINT8)
 
     def body(b, m, xs):
         acc = xs[0]
@@ -188,6 +236,19 @@ def binary(ctx: KernelContext) -> None:
     if op == "Mean" and not is_float(t):
         raise Unsupported("integer Mean has no generated code")
     emit_elementwise(ctx, body, list(range(n)))
+
+
+@register_kernel("Mod", in_place=True)
+def mod(ctx: KernelContext) -> None:
+    """a mod b with b's sign (``fmod=0``, integers) or a's (``fmod=1``), broadcasting."""
+    dtype = ctx.out_type(0).dtype
+    if ctx.in_type(0).dtype != dtype or ctx.in_type(1).dtype != dtype or dtype == DType.BOOL:
+        raise Unsupported(f"Mod on {dtype.short} (or mixed dtypes) has no generated code")
+    fmod = bool(ctx.attr("fmod", 0))
+    if is_float(llvm_type(dtype)):
+        emit_elementwise(ctx, lambda b, m, xs: _float_remainder(b, xs[0], xs[1], fmod), [0, 1])
+    else:
+        emit_elementwise(ctx, lambda b, m, xs: _int_remainder(b, xs[0], xs[1], dtype != DType.UINT8, fmod), [0, 1])
 
 
 @register_kernel("Clip", in_place=True)
