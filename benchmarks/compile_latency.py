@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,17 +38,7 @@ from egraft.testing.models import (  # noqa: E402
     softmax_logits,
     with_outputs,
 )
-
-
-def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+from egraft.testing.timing import median_ms  # noqa: E402
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from egraft.cli import _fail, _read_inputs, app, console, err_console, parse_bindings, resolve_model
 from egraft.errors import EgraftError
+from egraft.testing.timing import median_ms
 
 ModelArgument = Annotated[str, typer.Argument(
     help="ONNX file, a bundled model name such as resnet50, or a plan (.json) from egraft plan.")]
@@ -129,17 +130,6 @@ def compile_command(
         console.print(f"wrote {output}/module.ll, model.opt.onnx, report.json", markup=False)
 
 
-def _median_ms(fn, repeat: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 @app.command()
 def bench(
     model: ModelArgument,
@@ -171,8 +161,8 @@ def bench(
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    ours = _median_ms(lambda: compiled.run(feeds), repeat, warmup)
-    theirs = _median_ms(lambda: session.run(None, feeds), repeat, warmup)
+    ours = median_ms(lambda: compiled.run(feeds), repeat, warmup)
+    theirs = median_ms(lambda: session.run(None, feeds), repeat, warmup)
     result = {"model": model, "threads": threads, "repeat": repeat, "egraft_ms": float(f"{ours:.6g}"),
               "onnxruntime_ms": float(f"{theirs:.6g}"), "ratio": float(f"{ours / theirs:.6g}"),
               "fallbacks": len(compiled.report().fallbacks)}
