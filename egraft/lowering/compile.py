@@ -32,6 +32,7 @@ from egraft.ir.dims import dim_product, dim_symbols
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.infer import node_opset, resolve_op
 from egraft.kernels.cpu import find_kernel, in_place
+from egraft.kernels.cpu.data import is_inference_dropout
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
 from egraft.lowering.memory import BufferSpec
@@ -68,12 +69,14 @@ class Lowered:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _is_view(node: Node) -> bool:
+def _is_view(graph: Graph, node: Node) -> bool:
     if node.op not in VIEW_OPS or node.domain not in ("", "ai.onnx"):
         return False
     outputs = [v for v in node.outputs if v is not None]
     if len(outputs) != 1 or node.outputs[0] is None or node.inputs[0] is None:
         return False  # Dropout with its mask output computes
+    if node.op == "Dropout" and not is_inference_dropout(node, graph):
+        return False  # training mode: random
     return node.inputs[0].type.dtype == outputs[0].type.dtype
 
 
@@ -150,7 +153,7 @@ def lower(graph: Graph) -> Lowered:
     input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     for index, node in enumerate(graph.nodes):
         offset = _contiguous_slice(graph, node)
-        if (_is_view(node) or offset is not None) and node.outputs[0].name not in output_names:
+        if (_is_view(graph, node) or offset is not None) and node.outputs[0].name not in output_names:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
             sharing.join(storage[node.outputs[0].name], node.outputs[0].name)
             steps.append(Step(index, node, "view", offset=offset or 0))

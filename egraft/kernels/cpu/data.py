@@ -783,7 +783,19 @@ def copy_view(ctx: KernelContext) -> None:
     outputs = [v for v in ctx.node.outputs if v is not None]
     if len(outputs) != 1 or ctx.node.outputs[0] is None:
         raise Unsupported("Dropout with its mask output has no generated code")
+    if ctx.node.op == "Dropout" and not is_inference_dropout(ctx.node, ctx.graph):
+        raise Unsupported("Dropout in training mode (random) has no generated code")
     _same_dtype(ctx)
+    require_bound_dims(ctx)
     count = _product(ctx.shape(ctx.out_type(0)))
     zero = ir.Constant(I64, 0)
     copy_run(ctx, ctx.out_ptr(0), zero, ctx.in_ptr(0), zero, count)
+
+
+def is_inference_dropout(node, graph) -> bool:
+    """True when a Dropout node is the identity: no ``training_mode`` input (opset 12+), or
+    a constant false one."""
+    if len(node.inputs) < 3 or node.inputs[2] is None:
+        return True
+    v = node.inputs[2]
+    return v.const is not None and not bool(np.asarray(graph.constants[v.const]).ravel()[0])
