@@ -116,6 +116,7 @@ class CompiledModel:
                 self._functions[step.index] = _KERNEL_CFUNC(address)
         self._plans: dict[tuple[int, ...], MemoryPlan] = {}
         self._shape_cache: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {}
+        self._placement_cache: dict[tuple[int, ...], list[tuple]] = {}
         self._plans_lock = threading.Lock()
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
         #: True when :func:`egraft.compile` read this model from its cache.
@@ -183,19 +184,15 @@ class CompiledModel:
         for name, array in self._constants.items():
             env[name] = array
             table[lowered.slots[name]] = array.ctypes.data
-        outputs = {v.name for v in self.graph.outputs}
-        for step in lowered.steps:
-            for v in step.node.outputs:
-                if v is None:
-                    continue
-                if v.name in plan.offsets:
-                    shape = self._shape(v, bound)
-                    offset = plan.offsets[v.name]
-                    place(v, arena[offset:offset + plan.sizes[v.name]].view(v.type.dtype.numpy).reshape(shape))
-                elif v.name in lowered.storage and step.kind == "kernel":  # in place, in an input's buffer
-                    place(v, env[lowered.storage[v.name]].reshape(self._shape(v, bound)))
-                elif v.name in outputs and step.kind == "kernel" and v.name not in lowered.dynamic:
-                    place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
+        for kind, name, slot, start, stop, dtype, shape in self._placements(bound, plan):
+            if kind == "arena":
+                array = arena[start:stop].view(dtype).reshape(shape)
+            elif kind == "alias":  # in place, in an input's buffer
+                array = env[start].reshape(shape)
+            else:  # a graph output: the caller's own array
+                array = np.empty(shape, dtype)
+            env[name] = array
+            table[slot] = array.ctypes.data
         table_address, dims_address = table.ctypes.data, dims.ctypes.data
         clock = time.perf_counter_ns
         for step in lowered.steps:
@@ -221,6 +218,35 @@ class CompiledModel:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
         return {v.name: env[v.name] if v.const is None else np.array(self.graph.constants[v.const])
                 for v in self.graph.outputs}
+
+    def _placements(self, bound: Mapping[str, int], plan: MemoryPlan) -> list[tuple]:
+        """What a call places before its steps run, computed once per binding:
+        ``(kind, name, slot, start, stop, dtype, shape)`` for arena buffers (byte range),
+        in-place aliases (``start`` is the buffer's owner) and graph outputs."""
+        key = tuple(bound.get(s, 0) for s in self._lowered.symbols)
+        placements = self._placement_cache.get(key)
+        if placements is not None:
+            return placements
+        lowered = self._lowered
+        outputs = {v.name for v in self.graph.outputs}
+        placements = []
+        for step in lowered.steps:
+            for v in step.node.outputs:
+                if v is None:
+                    continue
+                slot, dtype = lowered.slots[v.name], v.type.dtype.numpy
+                if v.name in plan.offsets:
+                    offset = plan.offsets[v.name]
+                    placements.append(("arena", v.name, slot, offset, offset + plan.sizes[v.name], dtype,
+                                       self._shape(v, bound)))
+                elif v.name in lowered.storage and step.kind == "kernel":
+                    placements.append(("alias", v.name, slot, lowered.storage[v.name], None, dtype,
+                                       self._shape(v, bound)))
+                elif v.name in outputs and step.kind == "kernel" and v.name not in lowered.dynamic:
+                    placements.append(("output", v.name, slot, None, None, dtype, self._shape(v, bound)))
+        with self._plans_lock:
+            self._placement_cache[key] = placements
+        return placements
 
     def _shape(self, v: Value, bound: Mapping[str, int]) -> tuple[int, ...]:
         known = self._shape_cache.get(tuple(bound.get(s, 0) for s in self._lowered.symbols), {}).get(v.name)
