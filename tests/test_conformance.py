@@ -40,9 +40,12 @@ def test_compiled_core_pass_rate_is_at_least_090(cpu_summary, summary):
     assert core["pass_rate"] >= 0.90, core
     assert core["pass"] == core["pass_generated"] + core["pass_fallback"]
     assert core["pass_generated"] >= 300  # cases whose every node ran on generated code
-    # Compiling must not lose a case the reference executor passes, except the random Bernoulli.
-    reference_pass = {f["name"] for f in summary["failures"]}
-    lost = [f["name"] for f in cpu_summary["failures"] if f["name"] not in reference_pass]
+    # Compiling must not lose a case the reference executor passes; random ops (Bernoulli draws
+    # anew on every run and passes only by chance) are left out.
+    random_ops = {"Bernoulli", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+    reference_failures = {f["name"] for f in summary["failures"]}
+    lost = [f["name"] for f in cpu_summary["failures"]
+            if f["name"] not in reference_failures and not set(f["ops"]) & random_ops]
     assert not lost, lost
 
 
