@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from egraft.errors import EgraftError, InputError, ModelError
+from egraft.errors import EgraftError, InputError
 
 app = typer.Typer(
     help="egraft: an equality-saturation compiler for ONNX models.",
@@ -41,15 +41,9 @@ def _fail(message: str) -> typer.Exit:
 
 def resolve_model(model: str) -> Path:
     """A model path, or the path of a light model bundled with onnx when ``model`` names one."""
-    from egraft.testing.models import LIGHT_MODELS, light_model_path
+    from egraft.testing.models import model_path
 
-    path = Path(model)
-    if path.exists() or path.suffix == ".onnx" or "/" in model:
-        return path
-    name = model.removeprefix("light_")
-    if name in LIGHT_MODELS:
-        return light_model_path(name)
-    raise ModelError(f"{model}: no such file, and not a bundled model (bundled: {', '.join(LIGHT_MODELS)})")
+    return model_path(model)
 
 
 def parse_bindings(shape: list[str] | None) -> dict[str, int]:

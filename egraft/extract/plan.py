@@ -228,15 +228,16 @@ def plan_settings(plan: dict, plan_path: str | Path = "plan") -> dict:
     from egraft.extract.cost import cost_model
     from egraft.extract.profiles import Profile
     from egraft.rewrite.engine import Budget
-    from egraft.testing.models import LIGHT_MODELS, light_model_path
+    from egraft.testing.models import model_path
 
     settings = plan["settings"]
     name = plan["model"]["name"]
-    path = Path(name)
-    if not path.exists():
-        if name.removeprefix("light_") not in LIGHT_MODELS:
-            raise EgraftError(f"{plan_path}: its model {name!r} is not a file here nor a bundled model")
-        path = light_model_path(name.removeprefix("light_"))
+    try:
+        path = model_path(name)
+    except EgraftError:
+        path = None
+    if path is None or not path.exists():
+        raise EgraftError(f"{plan_path}: its model {name!r} is not a file here nor a bundled model")
     rules = []
     for entry in settings["rule_files"]:
         if entry["path"].startswith("egraft/rules/"):

@@ -104,7 +104,8 @@ def dims_equal(a: Dim, b: Dim) -> bool:
     """True when two dims are provably equal."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    difference = sympy.sympify(a) - sympy.sympify(b)
+    return sympy.expand(difference) == 0 or sympy.simplify(difference) == 0
 
 
 def dims_conflict(a: Dim, b: Dim) -> bool:

@@ -184,7 +184,23 @@ def onnx_since_version(name: str, domain: str, opset: int) -> int:
         return opset
 
 
-class InferContext:
+class NodeAttrs:
+    """Attribute reading shared by every context that looks at one node (inference, the
+    reference kernels, the CPU kernel generators): subclasses set ``node`` and
+    ``_defaults`` (the op's defaults at the node's opset)."""
+
+    node: Any
+    _defaults: dict[str, Any]
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The attribute's value, else the op's default at this opset, else ``default``."""
+        if name in self.node.attrs:
+            return self.node.attrs[name]
+        d = self._defaults.get(name)
+        return default if d is None else d
+
+
+class InferContext(NodeAttrs):
     """What an op's ``infer`` function sees: input types, attributes, opset, known values."""
 
     def __init__(self, node, opdef: OpDef, opset: int, types: Sequence[TensorType | None],
@@ -210,13 +226,6 @@ class InferContext:
     def has_input(self, i: int) -> bool:
         return i < len(self.types) and self.types[i] is not None
 
-    def attr(self, name: str, default: Any = None) -> Any:
-        """The attribute's value, else the op's default at this opset, else ``default``."""
-        if name in self.node.attrs:
-            return self.node.attrs[name]
-        d = self._defaults.get(name)
-        return default if d is None else d
-
     def value(self, i: int) -> np.ndarray | None:
         """The compile-time value of input ``i`` (constant or known shape arithmetic)."""
         if i >= len(self._values):
@@ -224,7 +233,7 @@ class InferContext:
         return self._values[i]
 
 
-class RunContext:
+class RunContext(NodeAttrs):
     """What an op's ``compute`` function sees: the node, attributes and opset."""
 
     def __init__(self, node, opdef: OpDef, opset: int, run_subgraph: Callable | None = None,
@@ -239,9 +248,3 @@ class RunContext:
     @property
     def num_outputs(self) -> int:
         return len(self.node.outputs)
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        if name in self.node.attrs:
-            return self.node.attrs[name]
-        d = self._defaults.get(name)
-        return default if d is None else d

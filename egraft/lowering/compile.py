@@ -25,14 +25,13 @@ import time
 from dataclasses import dataclass, field
 
 import llvmlite.binding as llvm
-import sympy
 from llvmlite import ir
 
-from egraft.ir.dims import dim_product, dim_symbols
+from egraft.ir.dims import dim_product, dim_symbols, dims_equal
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.infer import node_opset, resolve_op
+from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.kernels.cpu import find_kernel, in_place
-from egraft.kernels.cpu.data import is_inference_dropout
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
 from egraft.lowering.memory import BufferSpec
@@ -75,7 +74,7 @@ def _is_view(graph: Graph, node: Node) -> bool:
     outputs = [v for v in node.outputs if v is not None]
     if len(outputs) != 1 or node.outputs[0] is None or node.inputs[0] is None:
         return False  # Dropout with its mask output computes
-    if node.op == "Dropout" and not is_inference_dropout(node, graph):
+    if node.op == "Dropout" and not dropout_is_identity(node, node_opset(graph, node), graph.constants):
         return False  # training mode: random
     return node.inputs[0].type.dtype == outputs[0].type.dtype
 
@@ -228,7 +227,7 @@ def _free_values(graph: Graph) -> set[str]:
 def _same_shape(a: Value, b: Value) -> bool:
     if a.type.shape is None or b.type.shape is None or len(a.type.shape) != len(b.type.shape):
         return False
-    return all(sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a.type.shape, b.type.shape))
+    return all(dims_equal(x, y) for x, y in zip(a.type.shape, b.type.shape))
 
 
 def _reuse_a_dying_input(index: int, node: Node, storage: dict[str, str], slots: dict[str, int],

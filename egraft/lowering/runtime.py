@@ -29,6 +29,7 @@ from egraft.ir.dims import evaluate_dim
 from egraft.ir.graph import Value
 from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.interpreter import Bindings, check_feeds, run_graph
+from egraft.ir.onnx_fallback import onnx_compute
 from egraft.ir.registry import RunContext
 from egraft.kernels.cpu.llvm import JitModule
 from egraft.lowering.compile import Lowered
@@ -119,6 +120,9 @@ class CompiledModel:
         self._placement_cache: dict[tuple[int, ...], list[tuple]] = {}
         self._plans_lock = threading.Lock()
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
+        #: the registry entry of every fallback step, resolved once
+        self._fallback_ops = {step.index: resolve_op(step.node, self._opsets[step.index])
+                              for step in lowered.steps if step.kind == "fallback"}
         #: True when :func:`egraft.compile` read this model from its cache.
         self.cache_hit = False
 
@@ -274,9 +278,7 @@ class CompiledModel:
 
     def _fallback(self, step, env, table, bound, dims) -> None:
         node = step.node
-        opset = self._opsets[step.index]
-        op = resolve_op(node, opset)
-        from egraft.ir.onnx_fallback import onnx_compute
+        opset, op = self._opsets[step.index], self._fallback_ops[step.index]
 
         args = [None if v is None else env[v.name] for v in node.inputs]
         while args and args[-1] is None:

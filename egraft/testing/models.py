@@ -36,6 +36,25 @@ def light_model_path(name: str) -> Path:
     return path
 
 
+def model_path(model: str) -> Path:
+    """A model path, or the path of a bundled light model when ``model`` names one
+    (``resnet50`` or ``light_resnet50``); ModelError otherwise.
+
+    Example:
+        >>> model_path("resnet50").name
+        'light_resnet50.onnx'
+    """
+    from egraft.errors import ModelError
+
+    path = Path(model)
+    if path.exists() or path.suffix == ".onnx" or "/" in model:
+        return path
+    name = model.removeprefix("light_")
+    if name in LIGHT_MODELS:
+        return light_model_path(name)
+    raise ModelError(f"{model}: no such file, and not a bundled model (bundled: {', '.join(LIGHT_MODELS)})")
+
+
 def light_expected_output(name: str) -> np.ndarray:
     """The shipped expected output of a light model (``light_<name>_output_0.pb``)."""
     tensor = onnx.TensorProto()

@@ -610,6 +610,24 @@ def _dropout_mode(ctx, ratio, training_mode) -> tuple[float, bool]:
     return r, ctx.opset < 7 and not ctx.attr("is_test", 0)
 
 
+def dropout_is_identity(node, opset: int, constants) -> bool:
+    """True when a Dropout node is known at compile time to be the identity (inference
+    mode at its opset, with a constant or absent ``training_mode``): lowering may then make
+    it a view. ``constants`` is the graph's side table.
+
+    Example: a Dropout-13 without ``training_mode`` is the identity; one at opset 6 without
+    ``is_test`` trains.
+    """
+    from egraft.ir.registry import RunContext, get_op
+
+    flag = node.inputs[2] if len(node.inputs) > 2 else None
+    if flag is not None and flag.const is None:
+        return False  # decided at run time
+    _, training = _dropout_mode(RunContext(node, get_op("Dropout"), opset), None,
+                                None if flag is None else constants[flag.const])
+    return not training
+
+
 def _dropout(ctx, x, ratio=None, training_mode=None):
     """Identity in inference mode; in training mode, zero each element with probability
     ``ratio`` and scale the rest by 1 / (1 - ratio)."""

@@ -28,8 +28,9 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from egraft.ir.dims import dim_symbols
+from egraft.ir.dims import dim_product, dim_symbols
 from egraft.ir.dtypes import DType
+from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse, emit_elementwise
 from egraft.kernels.cpu.emit import F32, F64, I1, I8, I8P, I32, I64, KernelContext, Unsupported, is_float, llvm_type
@@ -52,15 +53,8 @@ def contiguous_strides(shape: Sequence[Dim]) -> list[Dim]:
     acc: Dim = 1
     for k in reversed(range(len(shape))):
         strides[k] = acc
-        acc = _product([acc, shape[k]])
+        acc = dim_product([acc, shape[k]])
     return strides
-
-
-def _product(dims: Sequence[Dim]) -> Dim:
-    total: Dim = 1
-    for d in dims:
-        total = total * d
-    return total if isinstance(total, int) else sympy.expand(total)
 
 
 def _normalize_axis(axis: int, rank: int) -> int:
@@ -367,7 +361,7 @@ def layout_to_blocked(ctx: KernelContext) -> None:
     if len(shape) < 2 or not isinstance(shape[1], int) or shape[1] % block:
         raise Unsupported(f"channels of {list(shape)} are not a known multiple of block {block}")
     n, c, spatial = shape[0], shape[1], list(shape[2:])
-    plane = _product(spatial)
+    plane = dim_product(spatial)
     sizes = [n, c // block, *spatial, block]
     src_strides = [c * plane, block * plane, *contiguous_strides(spatial), plane]
     emit_strided_copy(ctx, sizes, ctx.out_ptr(0), contiguous_strides(sizes), ctx.in_ptr(0), src_strides)
@@ -382,7 +376,7 @@ def layout_from_blocked(ctx: KernelContext) -> None:
     if len(shape) < 3 or shape[-1] != block:
         raise Unsupported(f"{list(shape)} is not a blocked shape of block {block}")
     n, cb, spatial = shape[0], shape[1], list(shape[2:-1])
-    plane = _product(spatial)
+    plane = dim_product(spatial)
     sizes = [n, cb, block, *spatial]  # y viewed as [N, C/block, block, *S]
     src_strides = [cb * plane * block, plane * block, 1, *(s * block for s in contiguous_strides(spatial))]
     emit_strided_copy(ctx, sizes, ctx.out_ptr(0), contiguous_strides(sizes), ctx.in_ptr(0), src_strides)
@@ -509,8 +503,8 @@ def gather(ctx: KernelContext) -> None:
         flat = np.asarray(constant).ravel()
         if flat.size and (flat.min() < -shape[axis] or flat.max() >= shape[axis]):
             raise Unsupported(f"a constant index is out of range for axis {axis} of size {shape[axis]}")
-    outer, inner = _product(shape[:axis]), _product(shape[axis + 1:])
-    count = _product(index_shape)
+    outer, inner = dim_product(shape[:axis]), dim_product(shape[axis + 1:])
+    count = dim_product(index_shape)
     b = ctx.builder
     data, indices, out = ctx.in_ptr(0), ctx.in_ptr(1), ctx.out_ptr(0)
     size = ctx.dim(shape[axis])
@@ -594,7 +588,7 @@ def pad(ctx: KernelContext) -> None:
         emit_strided_copy(ctx, out_shape, dst, out_strides, src, in_strides, src_offset=src_offset)
         return
     last = changed[-1]
-    inner = _product(out_shape[last + 1:])
+    inner = dim_product(out_shape[last + 1:])
     fill = scalar_constant(ctx.out_type(0).dtype, value)
     b = ctx.builder
 
@@ -603,7 +597,7 @@ def pad(ctx: KernelContext) -> None:
             fill_run(ctx, dst, d_off, sympy.expand(pad_begin[k] * out_strides[k]), fill)
             body_start = _add_scaled(ctx, d_off, ir.Constant(I64, pad_begin[k]), out_strides[k])
             if k == last:
-                copy_run(ctx, dst, body_start, src, s_off, _product([kept[k], inner]))
+                copy_run(ctx, dst, body_start, src, s_off, dim_product([kept[k], inner]))
             else:
                 with ctx.loop(ctx.dim(kept[k]), name=f"p{k}") as i:
                     level(k + 1, _add_scaled(ctx, body_start, i, out_strides[k]),
@@ -620,7 +614,7 @@ def pad(ctx: KernelContext) -> None:
                         copy_run(ctx, dst, _add_scaled(ctx, d_off, o, out_strides[k]), src,
                                  _add_scaled(ctx, s_off, source, in_strides[k]), inner)
             body_start = _add_scaled(ctx, d_off, ir.Constant(I64, pad_begin[k]), out_strides[k])
-            copy_run(ctx, dst, body_start, src, s_off, _product([kept[k], inner]))
+            copy_run(ctx, dst, body_start, src, s_off, dim_product([kept[k], inner]))
             return
         with ctx.loop(ctx.dim(out_shape[k]), name=f"p{k}") as o:
             source = _source_index(b, mode, b.sub(o, ir.Constant(I64, pad_begin[k])), ctx.dim(kept[k]))
@@ -719,7 +713,7 @@ def constant_of_shape(ctx: KernelContext) -> None:
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
     dtype = ctx.out_type(0).dtype
     fill = scalar_constant(dtype, value.ravel()[0])
-    fill_run(ctx, ctx.out_ptr(0), ir.Constant(I64, 0), _product(ctx.shape(ctx.out_type(0))), fill)
+    fill_run(ctx, ctx.out_ptr(0), ir.Constant(I64, 0), dim_product(ctx.shape(ctx.out_type(0))), fill)
 
 
 # ---- comparisons and logic --------------------------------------------------------------------
@@ -783,19 +777,11 @@ def copy_view(ctx: KernelContext) -> None:
     outputs = [v for v in ctx.node.outputs if v is not None]
     if len(outputs) != 1 or ctx.node.outputs[0] is None:
         raise Unsupported("Dropout with its mask output has no generated code")
-    if ctx.node.op == "Dropout" and not is_inference_dropout(ctx.node, ctx.graph):
+    if ctx.node.op == "Dropout" and not dropout_is_identity(ctx.node, ctx.opset, ctx.graph.constants):
         raise Unsupported("Dropout in training mode (random) has no generated code")
     _same_dtype(ctx)
     require_bound_dims(ctx)
-    count = _product(ctx.shape(ctx.out_type(0)))
+    count = dim_product(ctx.shape(ctx.out_type(0)))
     zero = ir.Constant(I64, 0)
     copy_run(ctx, ctx.out_ptr(0), zero, ctx.in_ptr(0), zero, count)
 
-
-def is_inference_dropout(node, graph) -> bool:
-    """True when a Dropout node is the identity: no ``training_mode`` input (opset 12+), or
-    a constant false one."""
-    if len(node.inputs) < 3 or node.inputs[2] is None:
-        return True
-    v = node.inputs[2]
-    return v.const is not None and not bool(np.asarray(graph.constants[v.const]).ravel()[0])

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import sympy
 from llvmlite import ir
 
+from egraft.ir.dims import dims_equal
 from egraft.ir.dtypes import DType
 from egraft.ir.ops.fused_elementwise import parse_expr
 from egraft.kernels.cpu import register_kernel
@@ -24,10 +25,6 @@ from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, l
 
 #: ``(builder, math, operands) -> result``: the scalar body of an elementwise kernel.
 Body = Callable[[ir.IRBuilder, object, list[ir.Value]], ir.Value]
-
-
-def _same(a, b) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def broadcast_strides(shape: Sequence, out: Sequence) -> list:
@@ -45,7 +42,7 @@ def broadcast_strides(shape: Sequence, out: Sequence) -> list:
         if k < pad:
             continue
         d = shape[k - pad]
-        if d != 1 and not _same(d, out[k]):
+        if d != 1 and not dims_equal(d, out[k]):
             # e.g. a data-dependent _d0 against 3: broadcast or not is only known at run time
             raise Unsupported(f"operand dim {d} against result dim {out[k]}: whether it broadcasts is known "
                               "only at run time")
@@ -68,7 +65,7 @@ def collapse(out: Sequence, operand_strides: list[list]) -> tuple[list, list[lis
     for k, n in enumerate(out):
         if n == 1:
             continue
-        if sizes and all(_same(s[-1], op[k] * n) for s, op in zip(strides, operand_strides)):
+        if sizes and all(dims_equal(s[-1], op[k] * n) for s, op in zip(strides, operand_strides)):
             sizes[-1] = sizes[-1] * n
             for s, op in zip(strides, operand_strides):
                 s[-1] = op[k]

@@ -34,7 +34,7 @@ from llvmlite import ir
 
 from egraft.ir.dtypes import DType
 from egraft.ir.graph import Graph, Node
-from egraft.ir.registry import OpDef
+from egraft.ir.registry import NodeAttrs, OpDef
 from egraft.ir.types import TensorType
 
 I1 = ir.IntType(1)
@@ -68,7 +68,7 @@ def is_float(t: ir.Type) -> bool:
     return isinstance(t, ir.FloatType | ir.DoubleType)
 
 
-class KernelContext:
+class KernelContext(NodeAttrs):
     """One kernel being emitted: the node, its operand types and attributes, and an
     ``ir.IRBuilder`` positioned inside ``void name(i8** table, i64* dims)``.
 
@@ -99,14 +99,7 @@ class KernelContext:
         self.math = MathEmitter(module, self.builder)
         self._dim_cache: dict[Any, ir.Value] = {}
 
-    # ---- the node ---------------------------------------------------------------------------
-    def attr(self, name: str, default: Any = None) -> Any:
-        """The attribute ``name`` as set on the node, else the op's default, else ``default``."""
-        if name in self.node.attrs:
-            return self.node.attrs[name]
-        value = self._defaults.get(name)
-        return default if value is None else value
-
+    # ---- the node (``attr`` comes from NodeAttrs) ------------------------------------------
     def has_input(self, i: int) -> bool:
         return i < len(self.node.inputs) and self.node.inputs[i] is not None
 
