@@ -67,17 +67,20 @@ def _model_digest(model) -> tuple[str, Graph | None]:
 
 
 def _write_entry(entry: Path, lowered) -> None:
-    """The lowered model as two files: ``KEY.bin``, its constants back to back (64-byte
-    aligned), and ``KEY.pkl``, everything else with the constants' places in the blob."""
+    """The lowered model as two files: ``KEY.bin``, its constants (the graph's and the
+    kernels' packed weights) back to back, 64-byte aligned, and ``KEY.pkl``, everything
+    else with the constants' places in the blob."""
     import numpy as np
 
-    constants = lowered.graph.constants
-    if any(np.asarray(a).dtype == object for a in constants.values()):
+    constants, derived = lowered.graph.constants, lowered.derived
+    arrays = {("graph", key): value for key, value in constants.items()}
+    arrays.update({("derived", key): value for key, value in derived.items()})
+    if any(np.asarray(a).dtype == object for a in arrays.values()):
         index, blob = None, b""
     else:
         index, parts, offset = {}, [], 0
-        for key in sorted(constants):
-            array = np.asarray(constants[key])
+        for key in sorted(arrays):
+            array = np.asarray(arrays[key])
             data = array.tobytes()
             pad = (-offset) % 64
             parts.append(b"\0" * pad)
@@ -88,11 +91,11 @@ def _write_entry(entry: Path, lowered) -> None:
         blob = b"".join(parts)
     entry.parent.mkdir(parents=True, exist_ok=True)
     if index is not None:
-        lowered.graph.constants = {}
+        lowered.graph.constants, lowered.derived = {}, {}
     try:
         payload = pickle.dumps((lowered, index), protocol=pickle.HIGHEST_PROTOCOL)
     finally:
-        lowered.graph.constants = constants
+        lowered.graph.constants, lowered.derived = constants, derived
     for suffix, data in ((".bin", blob), (".pkl", payload)):  # the .pkl last: its presence means complete
         tmp = entry.with_suffix(f"{suffix}.tmp")
         tmp.write_bytes(data)
@@ -108,12 +111,12 @@ def _read_entry(entry: Path):
     if index is not None:
         blob_path = entry.with_suffix(".bin")
         blob = np.memmap(blob_path, mode="r") if blob_path.stat().st_size else np.zeros(0, np.uint8)
-        constants = {}
-        for key, (offset, dtype, shape) in index.items():
+        tables: dict[str, dict] = {"graph": {}, "derived": {}}
+        for (kind, key), (offset, dtype, shape) in index.items():
             dt = np.dtype(dtype)
             count = int(np.prod(shape)) * dt.itemsize
-            constants[key] = blob[offset:offset + count].view(dt).reshape(shape)
-        lowered.graph.constants = constants
+            tables[kind][key] = blob[offset:offset + count].view(dt).reshape(shape)
+        lowered.graph.constants, lowered.derived = tables["graph"], tables["derived"]
     return lowered
 
 

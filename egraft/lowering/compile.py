@@ -51,6 +51,8 @@ class Step:
     function: str = ""
     reason: str = ""
     offset: int = 0  # a view: where it starts in its input, in elements (a contiguous Slice)
+    parallel: bool = False  # a kernel that computes share `part` of `parts` (run on several threads)
+    work: int = 0  # a kernel's flops per call, roughly (at 1 per symbolic dim): splitting must pay
 
 
 @dataclass
@@ -66,6 +68,8 @@ class Lowered:
     symbols: list[str]
     module_text: str
     seconds: dict[str, float] = field(default_factory=dict)
+    #: constants the kernels computed at compile time (packed weights), by table slot name
+    derived: dict = field(default_factory=dict)
 
 
 def _is_view(graph: Graph, node: Node) -> bool:
@@ -146,6 +150,7 @@ def lower(graph: Graph) -> Lowered:
     module = ir.Module(name=graph.name or "model")
     module.triple = host_cpu()[0]
     steps: list[Step] = []
+    derived: dict = {}
     output_names = {v.name for v in graph.outputs}
     storage: dict[str, str] = {}
     sharing = _StorageGroups(graph)
@@ -165,7 +170,8 @@ def lower(graph: Graph) -> Lowered:
             name = f"k{index}_{node.op}"
             scratch = ir.Module(name=name)
             opset = node_opset(graph, node)
-            ctx = KernelContext(scratch, name, node, graph, resolve_op(node, opset), opset, slots, dim_index)
+            own: dict = {}
+            ctx = KernelContext(scratch, name, node, graph, resolve_op(node, opset), opset, slots, dim_index, own)
             try:
                 generator(ctx)
                 ctx.finish()
@@ -173,12 +179,13 @@ def lower(graph: Graph) -> Lowered:
                 reason = str(e)
             else:
                 _merge(module, scratch)
-                steps.append(Step(index, node, "kernel", function=name))
+                derived.update(own)
+                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel, work=int(ctx.work)))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
-                   {"lower": time.perf_counter() - start})
+                   {"lower": time.perf_counter() - start}, derived)
 
 
 class _StorageGroups:
@@ -297,9 +304,12 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
 
 def compile_lowered(lowered: Lowered, use_cache: bool = True):
     """Compile the lowered module and wrap it as a runnable model."""
+    from egraft.kernels.cpu.sgemm import SGEMM, library
     from egraft.lowering.runtime import CompiledModel
 
     start = time.perf_counter()
+    if SGEMM in lowered.module_text:
+        library()  # the kernels call egraft_sgemm: compile (or load) it and register its symbol first
     jit = JitModule(lowered.module_text, use_cache=use_cache) if any(s.kind == "kernel" for s in lowered.steps) \
         else None
     lowered.seconds["llvm"] = time.perf_counter() - start

@@ -7,7 +7,13 @@ through one foreign call each (ctypes releases the interpreter lock while native
 runs), fallbacks through their numpy reference kernels on views of the same buffers.
 
 Threads: every call has its own arena, table and dims, so one CompiledModel may be
-called from several threads at once.
+called from several threads at once. A kernel that computes a share of its output
+(``parallel``: the products and convolutions) is split over ``threads`` parts: the
+calling thread runs one, workers of a process-wide pool the others (ctypes releases the
+interpreter lock, so they run at the same time). Workers are lent by a process-wide
+budget of ``cpu count - 1`` helpers, taken without waiting: when several calls run at
+once (a multi-threaded server), each gets the helpers that are free, possibly none, so
+egraft never runs more kernel threads than cores beyond its callers' own.
 
 Example:
     >>> compiled = egraft.compile("model.onnx")                       # doctest: +SKIP
@@ -17,9 +23,11 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +43,72 @@ from egraft.kernels.cpu.llvm import JitModule
 from egraft.lowering.compile import Lowered
 from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
 
-_KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_void_p)
+
+#: A parallel kernel is split only when one call does at least this many flops (a part
+#: handed to a worker costs tens of microseconds).
+MIN_PARALLEL_WORK = 4_000_000
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """``$EGRAFT_NUM_THREADS`` when set, else every core this process may use."""
+    value = os.environ.get("EGRAFT_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else cpu_count()
+
+
+class _Workers:
+    """The process-wide pool of kernel workers and the budget of helpers it lends."""
+
+    def __init__(self) -> None:
+        self.size = max(cpu_count() - 1, 0)
+        self.budget = threading.BoundedSemaphore(self.size) if self.size else None
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def borrow(self, wanted: int) -> int:
+        """Take up to ``wanted`` helpers without waiting; returns how many were taken."""
+        taken = 0
+        while taken < wanted and self.budget is not None and self.budget.acquire(blocking=False):
+            taken += 1
+        return taken
+
+    def give_back(self, count: int) -> None:
+        for _ in range(count):
+            self.budget.release()
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="egraft-kernel")
+            return self._pool
+
+
+_WORKERS = _Workers()
+_SCRATCH = threading.local()
+
+
+def thread_scratch() -> int:
+    """The address of this thread's kernel scratch (64-byte aligned, allocated once)."""
+    address = getattr(_SCRATCH, "address", None)
+    if address is None:
+        from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
+
+        _SCRATCH.buffer = _aligned_empty(SCRATCH_BYTES)
+        address = _SCRATCH.address = _SCRATCH.buffer.ctypes.data
+    return address
+
+
+def _run_part(function, table: int, dims: int, part: int, parts: int) -> None:
+    function(table, dims, part, parts, thread_scratch())
 
 
 @dataclass(frozen=True)
@@ -108,6 +181,10 @@ class CompiledModel:
             for v in step.node.inputs:
                 if v is not None and v.const is not None and v.name not in self._constants:
                     self._constants[v.name] = _contiguous(np.asarray(self.graph.constants[v.const]))
+        for name, array in lowered.derived.items():  # packed weights
+            self._constants[name] = _contiguous(np.asarray(array))
+        #: Threads a call may use (parallel kernels are split into this many parts at most).
+        self.threads = default_threads()
         self._functions = {}
         for step in lowered.steps:
             if step.kind == "kernel":
@@ -198,14 +275,20 @@ class CompiledModel:
             env[name] = array
             table[slot] = array.ctypes.data
         table_address, dims_address = table.ctypes.data, dims.ctypes.data
+        scratch = thread_scratch()
         clock = time.perf_counter_ns
+        threads = max(int(self.threads), 1)
         for step in lowered.steps:
             started = clock() if profile is not None else 0
             if step.kind == "kernel":
                 for v in step.node.outputs:
                     if v is not None and v.name in lowered.dynamic:
                         place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
-                self._functions[step.index](table_address, dims_address)
+                function = self._functions[step.index]
+                if threads > 1 and step.parallel and step.work >= MIN_PARALLEL_WORK:
+                    self._run_parallel(function, table_address, dims_address, threads)
+                else:
+                    function(table_address, dims_address, 0, 1, scratch)
             elif step.kind == "view":
                 out = step.node.outputs[0]
                 source = env[step.node.inputs[0].name] if step.node.inputs[0].const is None \
@@ -222,6 +305,23 @@ class CompiledModel:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
         return {v.name: env[v.name] if v.const is None else np.array(self.graph.constants[v.const])
                 for v in self.graph.outputs}
+
+    @staticmethod
+    def _run_parallel(function, table: int, dims: int, threads: int) -> None:
+        """One kernel split into parts: the caller runs part 0, borrowed workers the others."""
+        helpers = _WORKERS.borrow(threads - 1)
+        if not helpers:
+            function(table, dims, 0, 1, thread_scratch())
+            return
+        try:
+            parts = helpers + 1
+            pool = _WORKERS.pool()
+            futures = [pool.submit(_run_part, function, table, dims, part, parts) for part in range(1, parts)]
+            _run_part(function, table, dims, 0, parts)
+            for future in futures:
+                future.result()
+        finally:
+            _WORKERS.give_back(helpers)
 
     def _placements(self, bound: Mapping[str, int], plan: MemoryPlan) -> list[tuple]:
         """What a call places before its steps run, computed once per binding:

@@ -3,12 +3,16 @@ emitted for one IR node, and the IR helpers every generator shares (loops, dims,
 
 The kernel ABI is one signature for every kernel::
 
-    void kernel(i8** table, i64* dims)
+    void kernel(i8** table, i64* dims, i64 part, i64 parts, i8* scratch)
 
 ``table`` holds the address of every buffer of the compiled model (inputs, constants,
 intermediates, outputs), ``dims`` the value of every symbolic dim; a kernel knows at
 compile time which table entries are its operands and which dims entries its shapes
-read, so a call passes two pointers, whatever the op. Shapes whose dims are all integers
+read, so a call passes two pointers, whatever the op. A kernel that declares itself
+parallel (``ctx.parallel = True``) computes share ``part`` of ``parts`` of its output, so
+the runtime can run its parts on several threads at once; every other kernel is called
+with ``part = 0, parts = 1``. ``scratch`` is :data:`egraft.kernels.cpu.sgemm.SCRATCH_BYTES`
+of 64-byte aligned memory owned by the calling thread (packing buffers). Shapes whose dims are all integers
 become constants in the code (LLVM then unrolls and vectorizes with known trip counts);
 symbolic dims are read from ``dims``, so one compiled kernel serves every value of them.
 
@@ -44,7 +48,7 @@ I64 = ir.IntType(64)
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
 I8P = I8.as_pointer()
-KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer()])
+KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer(), I64, I64, I8P])
 
 #: The LLVM type of each dtype a kernel can compute in.
 LLVM_TYPES: dict[DType, ir.Type] = {
@@ -80,8 +84,9 @@ class KernelContext(NodeAttrs):
     """
 
     def __init__(self, module: ir.Module, name: str, node: Node, graph: Graph, opdef: OpDef, opset: int,
-                 slots: Mapping[str, int], dim_index: Mapping[str, int]):
+                 slots: dict[str, int], dim_index: Mapping[str, int], derived: dict | None = None):
         self.module = module
+        self._derived = derived if derived is not None else {}
         self.name = name
         self.node = node
         self.graph = graph
@@ -91,8 +96,13 @@ class KernelContext(NodeAttrs):
         self._dim_index = dim_index
         self._defaults = opdef.attr_defaults(opset)
         self.function = ir.Function(module, KERNEL_TYPE, name)
-        self.table, self.dims = self.function.args
-        self.table.name, self.dims.name = "table", "dims"
+        self.table, self.dims, self.part, self.parts, self.scratch = self.function.args
+        for arg, arg_name in zip(self.function.args, ("table", "dims", "part", "parts", "scratch")):
+            arg.name = arg_name
+        #: Set by a generator whose code computes only share ``part`` of ``parts``.
+        self.parallel = False
+        #: Roughly how many flops one call does (the runtime splits only kernels worth it).
+        self.work = 0
         self._entry = self.function.append_basic_block("entry")
         self._start = self.function.append_basic_block("start")
         self.builder = ir.IRBuilder(self._start)
@@ -130,6 +140,17 @@ class KernelContext(NodeAttrs):
         """Input ``i``'s buffer, typed as a pointer to its element type."""
         v = self.node.inputs[i]
         return self._pointer(v.name, llvm_type(v.type.dtype))
+
+    def derived_constant(self, tag: str, array) -> ir.Value:
+        """A constant computed at compile time from the node's constants (weights packed
+        for a kernel), given its own table slot; returns its element pointer.
+
+        Example: ``ctx.derived_constant("packed_w", pack_a_constant(w))``.
+        """
+        name = f"{self.name}.{tag}"
+        self._derived[name] = array
+        self._slots.setdefault(name, len(self._slots))
+        return self._pointer(name, llvm_type(DType.from_numpy(array.dtype)))
 
     def out_ptr(self, j: int = 0) -> ir.Value:
         """Output ``j``'s buffer, typed as a pointer to its element type."""

@@ -3,7 +3,10 @@ broadcast batch dims), Gemm, egraft's FusedGemm and FusedMatMul (bias, residual 
 and activation), and egraft's Attention.
 
 Every product goes through :func:`emit_gemm`, ``out[i, j] = sum_k a[i, k] * b[k, j]``
-over strided operands, in one of two loop orders:
+over strided operands. fp32 products of more than a few rows and columns call
+``egraft_sgemm`` (:mod:`egraft.kernels.cpu.sgemm`: packed panels, a register-blocked
+micro-kernel, the epilogue applied in registers, split over threads); the others
+(float64, matrix-vector products, tiny shapes) run one of two loop orders:
 
 - **axpy** (``b`` contiguous along ``j``): blocked over ``j`` (:data:`BLOCK_N` columns)
   and ``k`` (:data:`BLOCK_K`) so the block of ``b`` stays in L2; inside, two rows of the
@@ -33,7 +36,8 @@ from llvmlite import ir
 
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
-from egraft.kernels.cpu.emit import I8P, I64, KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN, BIAS_PER_ROW, Epilogue, emit_call
 
 #: Output columns per cache block of the axpy form (a block of ``b`` is BLOCK_K x BLOCK_N).
 BLOCK_N = 128
@@ -177,8 +181,19 @@ def heap_free(ctx: KernelContext, ptr: ir.Value) -> None:
 
 
 # ---- the product ----------------------------------------------------------------------------------
+def uses_library(out: ir.Value, m: Dim, n: Dim, k: Dim) -> bool:
+    """Whether a product of these dims goes to ``egraft_sgemm``: fp32, and enough rows and
+    columns that packing pays (symbolic dims are assumed large)."""
+    def at_least(d: Dim, floor: int) -> bool:
+        d = sympy.sympify(d)
+        return not d.is_Integer or int(d) >= floor
+
+    return out.type.pointee == F32 and at_least(m, 4) and at_least(n, 8) and at_least(k, 1)
+
+
 def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_offset: ir.Value,
-              out: ir.Value, out_offset: ir.Value, m: Dim, n: Dim, k: Dim) -> None:
+              out: ir.Value, out_offset: ir.Value, m: Dim, n: Dim, k: Dim,
+              epilogue: Epilogue | None = None, parallel: bool = False) -> bool:
     """``out[out_offset + i * n + j] = sum_k a[i, k] * b[k, j]`` for ``i < m``, ``j < n``
     (the output block is contiguous, row-major).
 
@@ -187,16 +202,32 @@ def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
             matrices start (i64 element offsets).
         out: the output's element pointer; ``out_offset``: where the block starts.
         m, n, k: the dims (ints or sympy expressions).
+        epilogue: applied by the library to the finished tiles (its pointers address this
+            block's bias and residual).
+        parallel: the library call computes only the kernel's share (see
+            :func:`egraft.kernels.cpu.sgemm.emit_call`).
+
+    Returns:
+        True when the library computed the product (and applied ``epilogue``); False when
+        loops were emitted (no epilogue: the caller applies it).
 
     Example: ``Gemm(transB=1)`` of ``A: f32[M, K]``, ``B: f32[N, K]``::
 
         emit_gemm(ctx, Matrix(pa, K, 1), zero, Matrix(pb, 1, K), zero, py, zero, M, N, K)
     """
+    if uses_library(out, m, n, k):
+        bld = ctx.builder
+        emit_call(ctx, {"m": m, "n": n, "k": k, "a": bld.gep(a.ptr, [a_offset]), "a_rs": a.row_stride,
+                        "a_cs": a.col_stride, "b": bld.gep(b.ptr, [b_offset]), "b_rs": b.row_stride,
+                        "b_cs": b.col_stride, "c": bld.gep(out, [out_offset]), "ldc": n},
+                  epilogue or Epilogue(), parallel=parallel)
+        return True
     dot_form = dim_is(a.col_stride, 1) and dim_is(b.row_stride, 1) and (not dim_is(b.col_stride, 1) or dim_is(n, 1))
     if dot_form:
         _gemm_dot(ctx, a, a_offset, b, b_offset, out, out_offset, m, n, k)
     else:
         _gemm_axpy(ctx, a, a_offset, b, b_offset, out, out_offset, m, n, k)
+    return False
 
 
 def _gemm_axpy(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_offset: ir.Value,
@@ -338,8 +369,10 @@ def matmul_operands(ctx: KernelContext) -> tuple[list[Dim], list[list[Dim]], Mat
             Matrix(ctx.in_ptr(1), b_row, b_col), m, n, k)
 
 
-def emit_matmul(ctx: KernelContext) -> None:
-    """Output 0 = input 0 @ input 1 with numpy matmul semantics (no epilogue).
+def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
+    """Output 0 = input 0 @ input 1 with numpy matmul semantics; ``epilogue`` (its pointers
+    addressing the whole output) is applied by the library when the product is one call.
+    Returns whether it was (else the caller applies it).
 
     When ``b`` is shared by every batch (batch strides 0) and ``a`` is a contiguous
     stack of matrices, the batch is folded into the rows: one larger product.
@@ -350,29 +383,89 @@ def emit_matmul(ctx: KernelContext) -> None:
     a_shape = ctx.shape(ctx.in_type(0))
     a_stacked = len(a_shape) >= 2 and len(a_shape) - 2 == len(batch) and dim_is(a.col_stride, 1) \
         and all(sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a_shape[:-2], batch))
+    ctx.work = _flops([*batch, m, n, k])
     if batch and a_stacked and all(dim_is(s, 0) for s in b_batch):
         rows = sympy.expand(sympy.Mul(*batch, m))
-        emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k)
-        return
+        return emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None)
+    if not batch:
+        return emit_gemm(ctx, a, zero, b, zero, out, zero, m, n, k, epilogue, parallel=epilogue is not None)
     out_batch = broadcast_strides([*batch, m, n], [*batch, m, n])[:-2]
+    plain = epilogue is not None and epilogue == Epilogue()
     with strided_loops(ctx, batch, [a_batch, b_batch, out_batch]) as (a_off, b_off, out_off):
-        emit_gemm(ctx, a, a_off, b, b_off, out, out_off, m, n, k)
+        emit_gemm(ctx, a, a_off, b, b_off, out, out_off, m, n, k, None, parallel=plain)
+    return plain
+
+
+def _flops(dims: Sequence[Dim]) -> int:
+    """2 * the product of ``dims``, symbolic dims counted as 1 (a lower bound)."""
+    total = 2
+    for d in dims:
+        d = sympy.sympify(d)
+        total *= int(d) if d.is_Integer else 1
+    return total
+
+
+def _fused_epilogue(ctx: KernelContext, bias: int | None, residual: int | None, alpha: float = 1.0,
+                    beta: float = 1.0) -> Epilogue | None:
+    """The library form of ``act(alpha * product + input[bias] + beta * input[residual])``
+    when it has one: the bias a row vector ``[n]`` (or ``[1, n]``) or a column ``[m, 1]``,
+    the residual the output's own shape or one row broadcast over all, the activation
+    relu / leaky_relu / clip or none. ``None`` otherwise."""
+    activation = ctx.attr("activation", "") if ctx.node.domain == "com.egraft" else ""
+    if not Epilogue.fits(activation or ""):
+        return None
+    out_shape = tuple(ctx.shape(ctx.out_type(0)))
+    if len(out_shape) < 1:
+        return None
+    m = out_shape[-2] if len(out_shape) >= 2 else 1
+    n = out_shape[-1]
+    spec: dict = {"alpha": alpha, "beta": beta, "activation": activation or "",
+                  "params": tuple(ctx.attr("activation_params", []) or ())}
+    if bias is not None:
+        shape = tuple(ctx.shape(ctx.in_type(bias)))
+        if ctx.in_type(bias).dtype != ctx.out_type(0).dtype:
+            return None
+        if len(shape) >= 1 and all(dim_is(d, 1) for d in shape[:-1]) and dims_match(shape[-1], n) \
+                and not dim_is(n, 1):
+            spec.update(bias=ctx.in_ptr(bias), bias_kind=BIAS_PER_COLUMN)
+        elif len(shape) >= 2 and len(out_shape) == 2 and all(dim_is(d, 1) for d in shape[:-2]) \
+                and dims_match(shape[-2], m) and dim_is(shape[-1], 1):
+            spec.update(bias=ctx.in_ptr(bias), bias_kind=BIAS_PER_ROW)
+        else:
+            return None
+    if residual is not None:
+        shape = tuple(ctx.shape(ctx.in_type(residual)))
+        if ctx.in_type(residual).dtype != ctx.out_type(0).dtype:
+            return None
+        if len(shape) == len(out_shape) and all(dims_match(x, y) for x, y in zip(shape, out_shape)):
+            spec.update(res=ctx.in_ptr(residual), ldr=n)
+        elif len(shape) >= 1 and all(dim_is(d, 1) for d in shape[:-1]) and dims_match(shape[-1], n) \
+                and not dim_is(n, 1):
+            spec.update(res=ctx.in_ptr(residual), ldr=0)
+        else:
+            return None
+    return Epilogue(**spec)
+
+
+def dims_match(x: Dim, y: Dim) -> bool:
+    return sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0
 
 
 @register_kernel("MatMul")
 def matmul(ctx: KernelContext) -> None:
     """``a @ b`` (float32/float64), numpy matmul semantics."""
     float_type_of(ctx)
-    emit_matmul(ctx)
+    emit_matmul(ctx, Epilogue())
 
 
 @register_kernel("FusedMatMul", domain="com.egraft")
 def fused_matmul(ctx: KernelContext) -> None:
     """``act(a @ b + bias + Z)``, bias and Z broadcast to the result."""
     float_type_of(ctx)
-    emit_matmul(ctx)
-    addends = [Addend(i) for i in (2, 3) if ctx.has_input(i)]
-    emit_epilogue(ctx, 1.0, addends, ctx.attr("activation", ""), ctx.attr("activation_params", []))
+    epilogue = _fused_epilogue(ctx, 2 if ctx.has_input(2) else None, 3 if ctx.has_input(3) else None)
+    if not emit_matmul(ctx, epilogue):
+        addends = [Addend(i) for i in (2, 3) if ctx.has_input(i)]
+        emit_epilogue(ctx, 1.0, addends, ctx.attr("activation", ""), ctx.attr("activation_params", []))
 
 
 # ---- Gemm -----------------------------------------------------------------------------------------
@@ -387,15 +480,27 @@ def emit_gemm_node(ctx: KernelContext) -> None:
     a = Matrix(ctx.in_ptr(0), 1, m) if ctx.attr("transA", 0) else Matrix(ctx.in_ptr(0), a_shape[1], 1)
     b = Matrix(ctx.in_ptr(1), 1, k) if ctx.attr("transB", 0) else Matrix(ctx.in_ptr(1), n, 1)
     zero = ir.Constant(I64, 0)
-    emit_gemm(ctx, a, zero, b, zero, ctx.out_ptr(0), zero, m, n, k)
+    ctx.work = _flops([m, n, k])
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
+    fused = ctx.node.domain == "com.egraft"
+    has_c = ctx.has_input(2) and beta != 0.0
+    has_z = fused and ctx.has_input(3)
+    epilogue = None
+    if not (has_c and has_z):
+        if has_c and beta == 1.0:
+            epilogue = _fused_epilogue(ctx, 2, None, alpha)
+        if epilogue is None:  # C as a (scaled) residual, or Z
+            epilogue = _fused_epilogue(ctx, None, 2 if has_c else (3 if has_z else None), alpha, beta if has_c else 1.0)
+    if emit_gemm(ctx, a, zero, b, zero, ctx.out_ptr(0), zero, m, n, k, epilogue, parallel=epilogue is not None) \
+            and epilogue is not None:
+        return
     addends = []
-    if ctx.has_input(2) and beta != 0.0:
+    if has_c:
         addends.append(Addend(2, beta))
-    if ctx.node.domain == "com.egraft" and ctx.has_input(3):
+    if has_z:
         addends.append(Addend(3))
-    emit_epilogue(ctx, alpha, addends, ctx.attr("activation", "") if ctx.node.domain == "com.egraft" else "",
-                  ctx.attr("activation_params", []) if ctx.node.domain == "com.egraft" else [])
+    emit_epilogue(ctx, alpha, addends, ctx.attr("activation", "") if fused else "",
+                  ctx.attr("activation_params", []) if fused else [])
 
 
 @register_kernel("Gemm")
