@@ -528,6 +528,17 @@ def _activation(ctx: KernelContext) -> tuple[str, tuple[float, ...]]:
     return name, tuple(activation_params(name, ctx.attr("activation_params", [])))
 
 
+def _emit(ctx: KernelContext, geo: ConvGeometry, operands: ConvOperands) -> None:
+    """As products through egraft_sgemm where they fit (:mod:`egraft.kernels.cpu.conv_gemm`),
+    else the direct convolution."""
+    from egraft.kernels.cpu import conv_gemm
+
+    if conv_gemm.fits(ctx, geo, operands.residual, operands.activation):
+        conv_gemm.emit_conv_gemm(ctx, geo, operands.bias, operands.residual, operands.activation, operands.params)
+    else:
+        ConvEmitter(ctx, geo, operands).emit()
+
+
 # ---- the generators ----------------------------------------------------------------------------------
 @register_kernel("Conv")
 def conv(ctx: KernelContext) -> None:
@@ -536,7 +547,7 @@ def conv(ctx: KernelContext) -> None:
     Example: ``Conv(x: f32[batch, 3, 32, 32], w: f32[8, 3, 3, 3], b: f32[8]) {pads = [1, 1, 1, 1]}``.
     """
     bias = 2 if ctx.has_input(2) else None
-    ConvEmitter(ctx, conv_geometry(ctx), ConvOperands(bias, None)).emit()
+    _emit(ctx, conv_geometry(ctx), ConvOperands(bias, None))
 
 
 @register_kernel("FusedConv", domain="com.egraft")
@@ -548,7 +559,7 @@ def fused_conv(ctx: KernelContext) -> None:
     """
     activation, params = _activation(ctx)
     operands = ConvOperands(2 if ctx.has_input(2) else None, 3 if ctx.has_input(3) else None, activation, params)
-    ConvEmitter(ctx, conv_geometry(ctx), operands).emit()
+    _emit(ctx, conv_geometry(ctx), operands)
 
 
 @register_kernel("WinogradConv", domain="com.egraft")
@@ -560,4 +571,4 @@ def winograd_conv(ctx: KernelContext) -> None:
     """
     activation, params = _activation(ctx)
     operands = ConvOperands(3 if ctx.has_input(3) else None, None, activation, params)
-    ConvEmitter(ctx, conv_geometry(ctx), operands).emit()
+    _emit(ctx, conv_geometry(ctx), operands)

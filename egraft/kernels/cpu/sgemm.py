@@ -101,7 +101,9 @@ def blocking(vector_bits: int | None = None) -> Blocking:
     bits = vector_bits or host_vector_bits()
     vw = max(bits // 32, 4)
     mr = 12 if vw >= 16 else 6
-    return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=256, mc=mr * (10 if vw >= 16 else 20), nc=1024)
+    if vw >= 16:  # AVX-512: 32 zmm registers, 48 KiB L1 (Zen 4)
+        return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=512, mc=144, nc=2048)
+    return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=384, mc=72, nc=2048)  # AVX2: 16 ymm, 32 KiB L1
 
 
 #: Bytes of scratch each part of a kernel call gets (see the runtime).
