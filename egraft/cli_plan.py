@@ -246,13 +246,19 @@ def show_plan(path: Path, as_json: bool, text: bool) -> None:
 @app.command()
 def calibrate(
     show: Annotated[bool, typer.Option("--show", help="Print the cpu-host profile in use; measure nothing.")] = False,
-    threads: Annotated[int, typer.Option(help="Threads the micro-benchmarks use.")] = 1,
-    force: Annotated[bool, typer.Option("--force", help="Replace a saved profile.")] = False,
+    threads: Annotated[int, typer.Option(help="Threads the micro-benchmarks and kernels use.")] = 1,
+    force: Annotated[bool, typer.Option("--force", help="Replace a saved profile (or its kernel fit).")] = False,
+    kernels: Annotated[bool, typer.Option(
+        "--kernels", help="Time egraft's own kernels per family and fit [efficiency] and [bandwidth_efficiency] "
+                          "(measures the machine first when no profile is saved).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="With --kernels: one shape per family (a few seconds).")]
+    = False,
 ) -> None:
     """Measure this machine (fp32 FMA throughput, memory bandwidth, kernel launch cost) and
-    save the cpu-host roofline profile in the user's config dir.
+    save the cpu-host roofline profile in the user's config dir; with --kernels, also time
+    the kernels egraft generates and fit each kernel family's efficiency to them.
 
-    Example: egraft calibrate && egraft calibrate --show
+    Example: egraft calibrate && egraft calibrate --kernels && egraft calibrate --show
     """
     from egraft.extract.calibrate import calibrate as measure
     from egraft.extract.profiles import load_profile, save_profile, user_profile_path
@@ -263,7 +269,11 @@ def calibrate(
             console.print(f"# {profile.path}", markup=False)
             console.print(Path(profile.path).read_text(), markup=False, end="")
             return
-        if user_profile_path("cpu-host").exists() and not force:
+        saved = user_profile_path("cpu-host").exists()
+        if kernels:
+            _calibrate_kernels(threads, force, quick)
+            return
+        if saved and not force:
             raise EgraftError(f"{user_profile_path('cpu-host')} exists (a saved profile); pass --force to "
                               "measure again and replace it")
         with err_console.status("measuring: fp32 GEMM, memory copy, call overhead"):
@@ -271,6 +281,11 @@ def calibrate(
         path = save_profile(profile, force=force)
     except EgraftError as e:
         raise _fail(str(e)) from None
+    _print_machine(profile, threads)
+    console.print(f"saved {path}", markup=False)
+
+
+def _print_machine(profile, threads: int) -> None:
     table = Table(title=f"cpu-host at {threads} thread(s)")
     for col in ("figure", "value"):
         table.add_column(col)
@@ -278,4 +293,47 @@ def calibrate(
     table.add_row("memory bandwidth", f"{profile.bandwidth_gbs:.4g} GB/s")
     table.add_row("kernel launch", f"{profile.launch_us:.3g} us")
     console.print(table)
-    console.print(f"saved {path}", markup=False)
+
+
+def _calibrate_kernels(threads: int, force: bool, quick: bool) -> None:
+    """``calibrate --kernels``: the saved machine figures (measured first when absent), the
+    kernels timed with a progress bar, the fit saved and shown as a table."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from egraft.extract.calibrate import calibrate as measure
+    from egraft.extract.calibrate_kernels import fit_families, fitted_profile, has_kernel_fit, measure_kernels
+    from egraft.extract.kernel_cases import kernel_cases
+    from egraft.extract.profiles import load_profile, save_profile, user_profile_path
+
+    path = user_profile_path("cpu-host")
+    if path.exists():
+        base = load_profile(str(path))
+        if has_kernel_fit(base) and not force:
+            raise EgraftError(f"{path} already holds kernel-fitted efficiencies ({base.source}); pass --force to "
+                              "time the kernels again and replace them")
+    else:
+        with err_console.status("measuring the machine first: fp32 GEMM, memory copy, call overhead"):
+            base = measure(threads=threads)
+        _print_machine(base, threads)
+    cases = kernel_cases(quick)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        task = progress.add_task("timing kernels", total=len(cases))
+
+        def advance(case) -> None:
+            progress.update(task, advance=1, description=f"timing kernels: {case.name}")
+        samples = measure_kernels(cases, threads=threads, quick=quick, progress=advance)
+    fits = fit_families(samples, base)
+    profile = fitted_profile(base, fits, threads)
+    saved = save_profile(profile, force=True)
+    table = Table(title=f"kernel families at {threads} thread(s): roofline fitted to {len(samples)} kernels")
+    for col in ("family", "samples", "efficiency", "bandwidth x", "error before", "error after"):
+        table.add_column(col, justify="left" if col == "family" else "right")
+    for fit in fits.values():
+        table.add_row(fit.family, str(fit.samples), f"{profile.efficiency[fit.family]:.3g}",
+                      f"{profile.bandwidth_efficiency[fit.family]:.3g}", f"{fit.error_before:.2f}x",
+                      f"{fit.error:.2f}x")
+    console.print(table)
+    console.print("error: geometric mean of how far predicted and measured kernel times are apart (1.00x = exact)",
+                  markup=False)
+    console.print(f"saved {saved}", markup=False)

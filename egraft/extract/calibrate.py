@@ -75,7 +75,7 @@ def measure() -> dict[str, float]:
 
 def calibrate(threads: int = 1, base: str = "cpu-host") -> Profile:
     """Measure this machine and return the ``cpu-host`` profile with its figures
-    (efficiencies are kept from ``base``)."""
+    (efficiencies, and the record of a ``--kernels`` fit, are kept from ``base``)."""
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -91,14 +91,16 @@ def calibrate(threads: int = 1, base: str = "cpu-host") -> Profile:
     figures = json.loads(done.stdout)
     template = load_profile(base)
     today = datetime.date.today().isoformat()
+    kept = [part for part in template.source.split("; ") if part.startswith("kernels measured")]
     return Profile(
         name="cpu-host", target="cpu",
         peak_gflops=float(f"{figures['peak_gflops']:.4g}"),
         bandwidth_gbs=float(f"{figures['bandwidth_gbs']:.4g}"),
         launch_us=float(f"{figures['launch_us']:.3g}"),
-        efficiency=dict(template.efficiency),
+        efficiency=dict(template.efficiency), bandwidth_efficiency=dict(template.bandwidth_efficiency),
         description=f"this machine, measured by egraft calibrate at {threads} thread(s)",
-        source=f"measured {today}: fp32 GEMM {GEMM_SIZE}^3, copy of {COPY_BYTES >> 20} MB, 16-element call",
+        source="; ".join([f"measured {today}: fp32 GEMM {GEMM_SIZE}^3, copy of {COPY_BYTES >> 20} MB, "
+                          "16-element call", *kept]),
     )
 
 

@@ -6,7 +6,8 @@ Three models, each named (``--cost-model``) and described by its parameters:
 - ``flops``: an op costs its arithmetic (``Work.flops``) plus 1, so among programs with the
   same arithmetic the one with fewer ops wins.
 - ``roofline``: an op costs its estimated time in microseconds on a target profile:
-  ``max(flops / (peak * efficiency[family]), bytes moved / bandwidth) + launches * launch_us``.
+  ``max(flops / (peak * efficiency[family]), bytes moved / (bandwidth * bandwidth_efficiency[family]))
+  + launches * launch_us``.
   A fused op pays memory traffic only for its own (external) inputs and outputs, a layout
   transform pays its copy, a view (Reshape, Squeeze...) pays nothing.
 
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 from egraft.errors import EgraftError
 from egraft.extract.profiles import Profile, load_profile
+from egraft.ir.graph import Graph, Node
 from egraft.ir.work import Work, op_work
 from egraft.rewrite.egraph import ABSENT, CONST, INPUT, OUT, ENode, Snapshot
 
@@ -56,6 +58,23 @@ class CostModel:
         outputs = list(own) if isinstance(own, tuple) else [own]
         return op_work(node.op, node.domain, snapshot.attrs(node), inputs, outputs, self.bindings,
                        snapshot.state.opsets.get("", 21))
+
+    def node_work(self, graph: Graph, node: Node) -> Work:
+        """The work of ``node``, an op of ``graph`` (an extracted or compiled graph), at the
+        types of its values: what :meth:`work` gives the e-node it was extracted from."""
+        inputs = [None if v is None else v.type for v in node.inputs]
+        outputs = [None if v is None else v.type for v in node.outputs]
+        return op_work(node.op, node.domain, node.attrs, inputs, outputs, self.bindings, graph.opsets.get("", 21))
+
+    def node_cost(self, graph: Graph, node: Node) -> float:
+        """The cost of ``node``, an op of ``graph``, as extraction priced it.
+
+        Example:
+            >>> g = egraft.load("model.onnx")                                   # doctest: +SKIP
+            >>> cost_model("roofline").node_cost(g, g.nodes[0])                 # doctest: +SKIP
+            12.5
+        """
+        return self.op_cost(self.node_work(graph, node), None)
 
     def cost(self, snapshot: Snapshot, c: int, node: ENode) -> float:
         """The cost of e-node ``node`` of e-class ``c``."""
@@ -96,7 +115,7 @@ class NodeCount(CostModel):
     name = "nodes"
     unit = "ops"
 
-    def op_cost(self, work: Work, node: ENode) -> float:
+    def op_cost(self, work: Work, node: ENode | None) -> float:
         return 1
 
     def cost(self, snapshot: Snapshot, c: int, node: ENode) -> float:
@@ -133,7 +152,7 @@ class Roofline(CostModel):
     def op_cost(self, work: Work, node: ENode | None) -> float:
         p = self.profile
         compute = work.flops / (p.peak_gflops * p.family_efficiency(work.family) * 1e3)
-        traffic = ((work.reads or 0.0) + (work.writes or 0.0)) / (p.bandwidth_gbs * 1e3)
+        traffic = ((work.reads or 0.0) + (work.writes or 0.0)) / (p.family_bandwidth(work.family) * 1e3)
         return max(compute, traffic) + work.launches * p.launch_us
 
     def settings(self) -> dict:

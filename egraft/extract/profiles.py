@@ -1,7 +1,9 @@
 """Hardware profiles of the roofline cost model: small TOML files a user can copy and edit.
 
 A profile gives the peak arithmetic rate, the memory bandwidth, the cost of a kernel
-launch and, per kernel family, the fraction of peak that family reaches. Shipped
+launch and, per kernel family, the fraction of peak that family reaches (``[efficiency]``)
+and, optionally, the fraction of the bandwidth it reaches (``[bandwidth_efficiency]``:
+above 1 when its data sits in cache; ``egraft calibrate --kernels`` fits both). Shipped
 profiles live in ``egraft/extract/profiles/`` (``cpu-host`` with placeholder figures,
 ``cuda-h200`` from the datasheet); ``egraft calibrate`` measures this machine and saves
 ``cpu-host`` in the user's config dir (``$EGRAFT_CONFIG_DIR``, else
@@ -44,6 +46,8 @@ class Profile:
         bandwidth_gbs: memory bandwidth, GB/s.
         launch_us: microseconds to start one kernel.
         efficiency: kernel family -> fraction of the peak it reaches (missing = 1.0).
+        bandwidth_efficiency: kernel family -> multiple of ``bandwidth_gbs`` it moves data at
+            (missing = 1.0; above 1 when its working set stays in cache).
         description: one line on what the figures describe.
         source: where the figures come from (``placeholder``, ``measured 2026-12-02``...).
         path: the file it was read from.
@@ -55,6 +59,7 @@ class Profile:
     bandwidth_gbs: float
     launch_us: float
     efficiency: dict[str, float] = field(default_factory=dict)
+    bandwidth_efficiency: dict[str, float] = field(default_factory=dict)
     description: str = ""
     source: str = ""
     path: str = ""
@@ -62,11 +67,18 @@ class Profile:
     def family_efficiency(self, family: str) -> float:
         return self.efficiency.get(family, 1.0)
 
+    def family_bandwidth(self, family: str) -> float:
+        """GB/s a kernel of ``family`` moves data at."""
+        return self.bandwidth_gbs * self.bandwidth_efficiency.get(family, 1.0)
+
     def settings(self) -> dict:
-        """The profile as plain data (recorded in plans)."""
-        return {"name": self.name, "target": self.target, "peak_gflops": self.peak_gflops,
-                "bandwidth_gbs": self.bandwidth_gbs, "launch_us": self.launch_us,
-                "efficiency": {k: self.efficiency[k] for k in sorted(self.efficiency)}, "source": self.source}
+        """The profile as plain data (recorded in plans; ``bandwidth_efficiency`` only when set)."""
+        out = {"name": self.name, "target": self.target, "peak_gflops": self.peak_gflops,
+               "bandwidth_gbs": self.bandwidth_gbs, "launch_us": self.launch_us,
+               "efficiency": {k: self.efficiency[k] for k in sorted(self.efficiency)}, "source": self.source}
+        if self.bandwidth_efficiency:
+            out["bandwidth_efficiency"] = {k: self.bandwidth_efficiency[k] for k in sorted(self.bandwidth_efficiency)}
+        return out
 
     def to_toml(self) -> str:
         """The profile as a TOML file that :func:`load_profile` reads back."""
@@ -81,6 +93,11 @@ class Profile:
                  f"launch_us = {self.launch_us!r}", f"source = {_quote(self.source)}", "",
                  "# The fraction of peak_gflops each kernel family reaches.", "[efficiency]"]
         lines += [f"{k} = {float(self.efficiency.get(k, 1.0))!r}" for k in FAMILIES]
+        if self.bandwidth_efficiency:
+            lines += ["", "# The multiple of bandwidth_gbs each kernel family moves data at (above 1: in cache).",
+                      "[bandwidth_efficiency]"]
+            lines += [f"{k} = {float(v)!r}" for k in FAMILIES
+                      if (v := self.bandwidth_efficiency.get(k)) is not None]
         return "\n".join(lines) + "\n"
 
 
@@ -159,10 +176,20 @@ def load_profile(name_or_path: str) -> Profile:
             raise EgraftError(f"{path}: efficiency.{family}: unknown kernel family; known: {', '.join(FAMILIES)}")
         if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
             raise EgraftError(f"{path}: efficiency.{family} = {value!r}; expected a fraction in (0, 1]")
+    bandwidth = data.get("bandwidth_efficiency", {})
+    if not isinstance(bandwidth, dict):
+        raise EgraftError(f"{path}: bandwidth_efficiency must be a table ([bandwidth_efficiency])")
+    for family, value in bandwidth.items():
+        if family not in FAMILIES:
+            raise EgraftError(f"{path}: bandwidth_efficiency.{family}: unknown kernel family; "
+                              f"known: {', '.join(FAMILIES)}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise EgraftError(f"{path}: bandwidth_efficiency.{family} = {value!r}; expected a positive number")
     return Profile(name=data.get("name", path.stem), target=data.get("target", "cpu"),
                    peak_gflops=float(data["peak_gflops"]), bandwidth_gbs=float(data["bandwidth_gbs"]),
                    launch_us=float(data["launch_us"]),
                    efficiency={k: float(v) for k, v in efficiency.items()},
+                   bandwidth_efficiency={k: float(v) for k, v in bandwidth.items()},
                    description=data.get("description", ""), source=data.get("source", ""), path=str(path))
 
 
