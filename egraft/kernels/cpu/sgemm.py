@@ -167,9 +167,11 @@ class _Emitter:
         self.b.store(value, p, align=align)
 
     def splat(self, x: ir.Value) -> ir.Value:
-        one = self.b.insert_element(ir.Constant(self.vt, None), x, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(self.vt, None), ir.Constant(ir.VectorType(I32, self.blk.vw),
-                                                                                  [0] * self.blk.vw))
+        """A vector of ``VW`` copies of ``x`` (any scalar type)."""
+        vt = ir.VectorType(x.type, self.blk.vw)
+        one = self.b.insert_element(ir.Constant(vt, None), x, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, self.blk.vw),
+                                                                             [0] * self.blk.vw))
 
     def fma(self, a: ir.Value, x: ir.Value, acc: ir.Value) -> ir.Value:
         t = acc.type
@@ -222,6 +224,12 @@ def _micro_kernel(module: ir.Module, blk: Blocking) -> ir.Function:
     e = _Emitter(fn, blk)
     b = e.b
     zero = ir.Constant(e.vt, [0.0] * vw)
+    prefetch = module.globals.get("llvm.prefetch.p0") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [I8P, I32, I32, I32]), "llvm.prefetch.p0")
+    for r in range(mr):  # the tile of C is read (or written) after the loop: fetch it meanwhile
+        for h in range(halves):
+            where = b.bitcast(b.gep(c, [b.add(b.mul(e.i64(r), ldc), e.i64(h * vw))]), I8P)
+            b.call(prefetch, [where, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
     accs = [[e.alloca(e.vt, name=f"acc{r}_{h}") for h in range(halves)] for r in range(mr)]
     for row in accs:
         for slot in row:
@@ -366,11 +374,13 @@ def _library_module(blk: Blocking) -> str:
     j_hi = b.select(by_rows, n, cs_hi)
 
     k_blocks = e.max(b.sdiv(b.add(k, e.i64(kcb - 1)), e.i64(kcb)), e.i64(1))
+    # equal blocks (576 = 288 + 288, not 384 + 192): no short block paying a whole pass over C
+    k_step = b.sdiv(b.add(k, b.sub(k_blocks, e.i64(1))), k_blocks)
     with e.loop(j_lo, j_hi, ncb, name="jc") as jc:
         nc = e.min(e.i64(ncb), b.sub(j_hi, jc))
         with e.loop(0, k_blocks, name="pb") as pb:
-            pc = b.mul(pb, e.i64(kcb))
-            kc = e.max(e.min(e.i64(kcb), b.sub(k, pc)), e.i64(0))
+            pc = b.mul(pb, k_step)
+            kc = e.max(e.min(k_step, b.sub(k, pc)), e.i64(0))
             _pack_b(e, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
                     height, width)
             first = b.icmp_signed("==", pb, e.i64(0))
@@ -437,15 +447,21 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
                     dst = b.add(base, b.mul(kk, e.i64(nr)))
                     ih = b.add(nh0, kh)
                     iw = b.add(nw0, kw)
-                    inside = b.and_(b.and_(b.icmp_signed(">=", ih, e.i64(0)), b.icmp_signed("<", ih, height)),
-                                    b.and_(b.icmp_signed(">=", iw, e.i64(0)),
-                                           b.icmp_signed("<=", b.add(iw, e.i64(nr)), width)))
-                    with b.if_else(b.and_(run, inside)) as (fast, slow):
-                        with fast:
+                    row_inside = b.and_(b.icmp_signed(">=", ih, e.i64(0)), b.icmp_signed("<", ih, height))
+                    inside = b.and_(b.icmp_signed(">=", iw, e.i64(0)), b.icmp_signed("<=", b.add(iw, e.i64(nr)), width))
+                    with b.if_else(run) as (in_row, slow):
+                        with in_row:  # one run of the input row: whole vectors, masked at its ends
                             src = b.add(koff, b.add(b.mul(nh0, width), nw0))
-                            for h in range(nr // vw):
-                                e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf, b.add(dst, e.i64(h * vw)),
-                                         align=32)
+                            with b.if_else(b.and_(row_inside, inside)) as (whole, border):
+                                with whole:
+                                    for h in range(nr // vw):
+                                        e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf,
+                                                 b.add(dst, e.i64(h * vw)), align=32)
+                                with border:
+                                    for h in range(nr // vw):
+                                        value = _masked_row(e, bmat, b.add(src, e.i64(h * vw)),
+                                                            b.add(iw, e.i64(h * vw)), width, row_inside)
+                                        e.vstore(value, bbuf, b.add(dst, e.i64(h * vw)), align=32)
                         with slow:
                             for jj in range(nr):
                                 j = b.add(j0, e.i64(jj))
@@ -477,6 +493,23 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
                                 v = b.load(b.gep(bmat, [b.add(row, b.mul(col, b_cs))]))
                                 b.store(b.select(in_n, v, e.f32(0.0)), b.gep(bbuf, [b.add(dst, e.i64(jj))]))
     del zero_v
+
+
+def _masked_row(e: _Emitter, bmat, src, iw, width, row_inside) -> ir.Value:
+    """``VW`` input elements from ``bmat[src..]`` whose columns ``iw + lane`` are inside
+    ``[0, width)`` (and the row inside the image), zero elsewhere; outside lanes are not read."""
+    b, vw = e.b, e.blk.vw
+    vi64 = ir.VectorType(I64, vw)
+    columns = b.add(e.splat(iw), ir.Constant(vi64, list(range(vw))))
+    inside = b.icmp_signed(">=", columns, ir.Constant(vi64, [0] * vw))
+    mask = b.and_(inside, b.icmp_signed("<", columns, e.splat(width)))
+    mask = b.and_(mask, e.splat(row_inside))
+    pointer = b.bitcast(b.gep(bmat, [src]), e.vt.as_pointer())
+    name = f"llvm.masked.load.v{vw}f32.p0"
+    module = e.fn.module
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(e.vt, [pointer.type, I32, mask.type, e.vt]),
+                                                 name)
+    return b.call(fn, [pointer, ir.Constant(I32, 4), mask, ir.Constant(e.vt, [0.0] * vw)])
 
 
 _LIBRARY_LOCK = threading.Lock()
