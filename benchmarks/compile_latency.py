@@ -23,21 +23,12 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import egraft  # noqa: E402
-from egraft.testing.encoder import encoder_inputs, encoder_model  # noqa: E402
-from egraft.testing.models import (  # noqa: E402
-    LIGHT_MODELS,
-    backend_input,
-    light_model_path,
-    reweight,
-    scale_relative_error,
-    softmax_logits,
-    with_outputs,
-)
+from egraft.testing.bench import ZOO, ort_session, reference_outputs, zoo_model  # noqa: E402
+from egraft.testing.models import scale_relative_error  # noqa: E402
 from egraft.testing.timing import median_ms  # noqa: E402
 
 
@@ -46,7 +37,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--models", nargs="*", default=None)
     args = parser.parse_args()
-    names = args.models or [*LIGHT_MODELS, "encoder"]
+    names = args.models or list(ZOO)
     os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
     table = Table(title=f"egraft compiled (1 thread) vs onnxruntime (1 thread): median of {args.repeat} runs")
     for col in ("model", "compile s", "cached s", "kernels", "fallbacks", "error", "egraft ms", "ort ms",
@@ -54,13 +45,7 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "model" else "right")
     ratios = []
     for name in names:
-        if name == "encoder":
-            model = encoder_model()
-            feeds = encoder_inputs(1, 64)
-        else:
-            source = onnx.load(light_model_path(name))
-            model = with_outputs(reweight(source, seed=0), softmax_logits(source))
-            feeds = backend_input(source)
+        model, feeds = zoo_model(name)
         path = Path(os.environ["EGRAFT_CACHE_DIR"]) / f"{name}.onnx"
         onnx.save(model, path)  # compiled from a file, as `egraft compile` does
         t = time.perf_counter()
@@ -70,16 +55,8 @@ def main() -> None:
         egraft.compile(path)
         second = time.perf_counter() - t
         report = compiled.report()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        exact = ort.SessionOptions()
-        exact.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        exact.log_severity_level = 3
-        reference = ort.InferenceSession(model.SerializeToString(), exact, providers=["CPUExecutionProvider"])
-        want = dict(zip([o.name for o in reference.get_outputs()], reference.run(None, feeds)))
+        session = ort_session(model, threads=1)
+        want = reference_outputs(model, feeds)
         got = compiled.run(feeds)
         error = max(scale_relative_error(got[k], v) for k, v in want.items())
         ours = median_ms(lambda: compiled.run(feeds), args.repeat)

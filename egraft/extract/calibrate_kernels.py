@@ -214,25 +214,39 @@ def time_case(case: KernelCase, threads: int = 1, seconds: float = SECONDS_PER_C
     compiled = egraft.compile(case.model, rewrite=False)
     compiled.threads = threads
     steps = [s for s in compiled.steps if s.kind == "kernel"]
-    for _ in range(2):
-        compiled.run(case.feeds)
-    durations: dict[int, list[float]] = {s.index: [] for s in steps}
-    started = time.perf_counter()
-    runs = 0
-    while runs < MIN_RUNS or (runs < MAX_RUNS and time.perf_counter() - started < seconds):
-        profile: list = []
-        compiled.run(case.feeds, profile=profile)
-        for timing in profile:
-            if timing.index in durations:
-                durations[timing.index].append((timing.end_ns - timing.start_ns) / 1e3)
-        runs += 1
+    medians = kernel_step_times(compiled, case.feeds, MIN_RUNS, MAX_RUNS, seconds)
     samples = []
     for step in steps:
         work = cost.node_work(compiled.graph, step.node)
         samples.append(KernelSample(case.name, step.node.op, work.family, work.flops,
                                     (work.reads or 0.0) + (work.writes or 0.0), work.launches,
-                                    statistics.median(durations[step.index])))
+                                    medians[step.index]))
     return samples
+
+
+def kernel_step_times(compiled, feeds: Mapping[str, np.ndarray], min_runs: int = MIN_RUNS,
+                      max_runs: int = MAX_RUNS, seconds: float = SECONDS_PER_CASE) -> dict[int, float]:
+    """Microseconds each kernel step of ``compiled`` takes on ``feeds``: the median over
+    at least ``min_runs`` runs, more while under ``seconds`` (at most ``max_runs``), after
+    two untimed ones. Keyed by step index; views and fallbacks are left out.
+
+    Example:
+        >>> kernel_step_times(egraft.compile("model.onnx"), feeds, min_runs=5)   # doctest: +SKIP
+        {0: 812.5, 2: 40.1}
+    """
+    durations: dict[int, list[float]] = {s.index: [] for s in compiled.steps if s.kind == "kernel"}
+    for _ in range(2):
+        compiled.run(feeds)
+    started = time.perf_counter()
+    runs = 0
+    while runs < min_runs or (runs < max_runs and time.perf_counter() - started < seconds):
+        profile: list = []
+        compiled.run(feeds, profile=profile)
+        for timing in profile:
+            if timing.index in durations:
+                durations[timing.index].append((timing.end_ns - timing.start_ns) / 1e3)
+        runs += 1
+    return {index: statistics.median(times) for index, times in durations.items()}
 
 
 def measure_kernels(cases: Sequence[KernelCase] | None = None, threads: int = 1, quick: bool = False,
@@ -247,4 +261,4 @@ def measure_kernels(cases: Sequence[KernelCase] | None = None, threads: int = 1,
 
 
 __all__ = ["KernelSample", "FamilyFit", "fit_error", "fit_families", "fitted_profile", "has_kernel_fit",
-           "measure_kernels", "predict_us", "synthetic_samples", "time_case"]
+           "kernel_step_times", "measure_kernels", "predict_us", "synthetic_samples", "time_case"]
