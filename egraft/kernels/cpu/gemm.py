@@ -386,9 +386,11 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
     ctx.work = _flops([*batch, m, n, k])
     if batch and a_stacked and all(dim_is(s, 0) for s in b_batch):
         rows = sympy.expand(sympy.Mul(*batch, m))
-        return emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None)
+        used = emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None)
+        return used and epilogue is not None
     if not batch:
-        return emit_gemm(ctx, a, zero, b, zero, out, zero, m, n, k, epilogue, parallel=epilogue is not None)
+        used = emit_gemm(ctx, a, zero, b, zero, out, zero, m, n, k, epilogue, parallel=epilogue is not None)
+        return used and epilogue is not None
     out_batch = broadcast_strides([*batch, m, n], [*batch, m, n])[:-2]
     plain = epilogue is not None and epilogue == Epilogue()
     with strided_loops(ctx, batch, [a_batch, b_batch, out_batch]) as (a_off, b_off, out_off):
