@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from egraft.ir.ops.nn_spatial import _window
-from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu import register_kernel, winograd
 from egraft.kernels.cpu.elementwise import broadcast_strides
 from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type
 from egraft.kernels.cpu.llvm import host_vector_bits
@@ -564,11 +564,16 @@ def fused_conv(ctx: KernelContext) -> None:
 
 @register_kernel("WinogradConv", domain="com.egraft")
 def winograd_conv(ctx: KernelContext) -> None:
-    """egraft's ``act(Conv(X, W, B))`` for a 3x3 stride-1 kernel, computed as the direct
-    convolution of the original weights ``W`` (input 1); ``U`` (input 2) is not read.
+    """egraft's ``act(Conv(X, W, B))`` for a 3x3 stride-1 kernel, by Winograd F(2x2, 3x3)
+    (:mod:`egraft.kernels.cpu.winograd`, its filter transform computed from the constant
+    ``W`` at compile time), else as the convolution of ``W``; ``U`` (input 2) is not read.
 
     Example: ``WinogradConv(x, w, u, b) {pads = [1, 1, 1, 1]}`` equals ``Conv(x, w, b)``.
     """
     activation, params = _activation(ctx)
     operands = ConvOperands(3 if ctx.has_input(3) else None, None, activation, params)
-    _emit(ctx, conv_geometry(ctx), operands)
+    geo = conv_geometry(ctx)
+    if winograd.fits(ctx, geo, activation):
+        winograd.emit_winograd(ctx, geo, operands.bias, activation, params)
+    else:
+        _emit(ctx, geo, operands)

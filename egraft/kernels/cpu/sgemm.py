@@ -106,8 +106,12 @@ def blocking(vector_bits: int | None = None) -> Blocking:
     return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=384, mc=72, nc=2048)  # AVX2: 16 ymm, 32 KiB L1
 
 
-#: Bytes of scratch each part of a kernel call gets (see the runtime).
-SCRATCH_BYTES = 4 * blocking(512).scratch_floats + 4096
+#: Bytes of each thread's scratch that kernels use for their own buffers, after the
+#: packing buffers (Winograd's transformed tiles: :mod:`egraft.kernels.cpu.winograd`).
+KERNEL_SCRATCH_BYTES = 4 * 1024 * 1024
+#: Bytes of scratch each part of a kernel call gets (see the runtime): the packing
+#: buffers of the widest blocking, then :data:`KERNEL_SCRATCH_BYTES`.
+SCRATCH_BYTES = 4 * blocking(512).scratch_floats + 64 + KERNEL_SCRATCH_BYTES + 4096
 
 
 def pack_a_constant(a: np.ndarray, mr: int | None = None) -> np.ndarray:
@@ -608,4 +612,5 @@ def emit_call(ctx, fields: dict, epilogue: Epilogue = Epilogue(), parallel: bool
 
 
 __all__ = ["Epilogue", "emit_call", "FIELDS", "FIELD", "ACTIVATION_CODES", "BIAS_NONE", "BIAS_PER_ROW",
-           "BIAS_PER_COLUMN", "SGEMM", "Blocking", "blocking", "SCRATCH_BYTES", "pack_a_constant", "library", "declare"]
+           "BIAS_PER_COLUMN", "SGEMM", "Blocking", "blocking", "SCRATCH_BYTES", "KERNEL_SCRATCH_BYTES",
+           "pack_a_constant", "library", "declare"]

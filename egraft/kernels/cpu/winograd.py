@@ -1,0 +1,256 @@
+"""Winograd F(2x2, 3x3) convolution for egraft's ``WinogradConv`` (3x3, unit strides and
+dilations, one group): 2.25x fewer multiplications than the direct form, paid for with
+two cheap transforms.
+
+Per image, the output's 2x2 tiles are taken a chunk of tile rows at a time (so the
+transformed data stays within the thread's scratch), and for each chunk:
+
+1. **input transform**: every 4x4 input patch ``d`` (overlapping by 2, zero in the
+   padding) becomes ``V = B^T d B``, 16 numbers stored as 16 matrices ``V[xi][c][t]``
+   (channel by tile). ``VW`` neighbouring tiles are transformed together: each patch row
+   is two masked vector loads, split into its four columns by even/odd shuffles;
+2. **products**: ``M[xi] = U[xi] @ V[xi]`` for the 16 points ``xi``, each one call of
+   ``egraft_sgemm`` (:mod:`egraft.kernels.cpu.sgemm`) with ``U = G W G^T`` transformed and
+   packed at compile time;
+3. **output transform**: ``Y = A^T M A`` gives each 2x2 output tile, the bias and the
+   activation are applied in registers, and the two output rows are stored interleaved
+   (masked at the right and bottom edges).
+
+Threads: the chunks are shared out over the kernel's parts, each with its own scratch.
+
+Example: VGG-19's ``WinogradConv(f32[1, 64, 224, 224], ...) {pads = [1, 1, 1, 1]}`` has
+112 x 112 tiles, taken 4 tile rows (448 tiles) per chunk: 16 products of
+``64 x 448 x 64`` per chunk instead of one of ``64 x 50176 x 576``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from egraft.ir.ops.winograd import winograd_weights
+from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext
+from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES, Epilogue, blocking, emit_call, pack_a_constant
+
+#: Bytes of each thread's scratch given to the transformed input and the products.
+WINOGRAD_BYTES = KERNEL_SCRATCH_BYTES
+#: Points of the transformed 4x4 tile.
+POINTS = 16
+
+
+def chunk_rows(geo, threads_hint: int = 2) -> int | None:
+    """Tile rows per chunk for ``geo`` so that ``V`` and ``M`` fit :data:`WINOGRAD_BYTES`
+    (and there are at least ``threads_hint`` chunks when the image has that many tile
+    rows); ``None`` when not even one tile row fits."""
+    vw = blocking().vw
+    tiles_h, tiles_w = -(-geo.out_h // 2), -(-geo.out_w // 2)
+    per_tile = POINTS * (geo.channels + geo.out_channels) * 4
+    budget_tiles = WINOGRAD_BYTES // per_tile - 2 * vw
+    if budget_tiles < tiles_w:
+        return None
+    rows = min(budget_tiles // tiles_w, tiles_h)
+    if tiles_h >= threads_hint:
+        rows = min(rows, -(-tiles_h // threads_hint))
+    return max(rows, 1)
+
+
+def fits(ctx: KernelContext, geo, activation: str) -> bool:
+    """Whether the Winograd kernel computes this node (fp32, constant weights, a 2-D 3x3
+    stride-1 one-group conv, an activation the products' library form takes)."""
+    if ctx.out_type(0).dtype.short != "f32" or any(ctx.in_type(i).dtype.short != "f32" for i in (0, 1)):
+        return False
+    if ctx.constant(1) is None or len(ctx.shape(ctx.in_type(0))) != 4:
+        return False
+    shape = (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.dil_h, geo.dil_w, geo.group)
+    if shape != (3, 3, 1, 1, 1, 1, 1) or not Epilogue.fits(activation):
+        return False
+    return chunk_rows(geo) is not None
+
+
+class _Vectors:
+    """Vector helpers on the kernel's builder (``width`` floats per vector)."""
+
+    def __init__(self, ctx: KernelContext, width: int):
+        self.ctx, self.b, self.width = ctx, ctx.builder, width
+
+    def vtype(self, width: int | None = None) -> ir.VectorType:
+        return ir.VectorType(F32, width or self.width)
+
+    def splat(self, value: ir.Value, width: int | None = None) -> ir.Value:
+        width = width or self.width
+        vt = ir.VectorType(value.type, width)
+        one = self.b.insert_element(ir.Constant(vt, None), value, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, width), [0] * width))
+
+    def lane_mask(self, first: ir.Value, limit: ir.Value, width: int, extra: ir.Value | None = None) -> ir.Value:
+        """Lanes ``first + lane`` inside ``[0, limit)`` (and ``extra``)."""
+        b = self.b
+        vi = ir.VectorType(I64, width)
+        lanes = b.add(self.splat(first, width), ir.Constant(vi, list(range(width))))
+        mask = b.and_(b.icmp_signed(">=", lanes, ir.Constant(vi, [0] * width)),
+                      b.icmp_signed("<", lanes, self.splat(limit, width)))
+        return b.and_(mask, self.splat(extra, width)) if extra is not None else mask
+
+    def _intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        module = self.ctx.module
+        return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args), name)
+
+    def masked_load(self, ptr: ir.Value, index: ir.Value, mask: ir.Value, width: int) -> ir.Value:
+        b, vt = self.b, self.vtype(width)
+        pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
+        fn = self._intrinsic(f"llvm.masked.load.v{width}f32.p0", vt, [pointer.type, I32, mask.type, vt])
+        return b.call(fn, [pointer, ir.Constant(I32, 4), mask, ir.Constant(vt, [0.0] * width)])
+
+    def masked_store(self, value: ir.Value, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> None:
+        b, vt = self.b, value.type
+        pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
+        fn = self._intrinsic(f"llvm.masked.store.v{vt.count}f32.p0", ir.VoidType(), [vt, pointer.type, I32, mask.type])
+        b.call(fn, [value, pointer, ir.Constant(I32, 4), mask])
+
+    def load(self, ptr: ir.Value, index: ir.Value) -> ir.Value:
+        return self.b.load(self.b.bitcast(self.b.gep(ptr, [index]), self.vtype().as_pointer()), align=4)
+
+    def store(self, value: ir.Value, ptr: ir.Value, index: ir.Value) -> None:
+        self.b.store(value, self.b.bitcast(self.b.gep(ptr, [index]), self.vtype().as_pointer()), align=4)
+
+    def pick(self, wide: ir.Value, start: int) -> ir.Value:
+        """Lanes ``start, start + 2, ...`` of a vector twice as wide (its evens or odds)."""
+        indices = ir.Constant(ir.VectorType(I32, self.width), [start + 2 * i for i in range(self.width)])
+        return self.b.shuffle_vector(wide, ir.Constant(wide.type, None), indices)
+
+    def interleave(self, even: ir.Value, odd: ir.Value) -> ir.Value:
+        indices = [i // 2 + (self.width if i % 2 else 0) for i in range(2 * self.width)]
+        return self.b.shuffle_vector(even, odd, ir.Constant(ir.VectorType(I32, 2 * self.width), indices))
+
+
+def emit_winograd(ctx: KernelContext, geo, bias: int | None, activation: str, params: tuple[float, ...]) -> None:
+    """Emit the node's convolution by Winograd F(2x2, 3x3) (see the module docstring);
+    :func:`fits` must hold."""
+    b = ctx.builder
+    blk = blocking()
+    vw = blk.vw
+    vec = _Vectors(ctx, vw)
+    c_in, c_out = geo.channels, geo.out_channels
+    tiles_h, tiles_w = -(-geo.out_h // 2), -(-geo.out_w // 2)
+    rows_per_chunk = chunk_rows(geo)
+    chunks = -(-tiles_h // rows_per_chunk)
+    ld = -(-rows_per_chunk * tiles_w // vw) * vw + vw  # row stride of V and M (room for a spilled vector)
+    groups = -(-tiles_w // vw)
+
+    u = winograd_weights(np.asarray(ctx.constant(1), np.float32))  # [O, C, 4, 4]
+    u_points = u.transpose(2, 3, 0, 1).reshape(POINTS, c_out, c_in)
+    packed = np.concatenate([pack_a_constant(u_points[xi], blk.mr) for xi in range(POINTS)])
+    u_stride = len(packed) // POINTS
+    u_ptr = ctx.derived_constant("packed_u", packed)
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    bias_ptr = ctx.in_ptr(bias) if bias is not None else None
+    ctx.work = 2 * 9 * c_in * c_out * geo.out_h * geo.out_w
+
+    def const(v: int) -> ir.Constant:
+        return ir.Constant(I64, v)
+
+    scratch = b.bitcast(ctx.scratch, F32.as_pointer())
+    v_base = b.gep(scratch, [const(-(-blk.scratch_floats // 16) * 16)])
+    m_base = b.gep(v_base, [const(POINTS * c_in * ld)])
+    plane_in, plane_out = geo.in_h * geo.in_w, geo.out_h * geo.out_w
+
+    with ctx.loop(ctx.dim(geo.batch), name="image") as image:
+        x_image = b.gep(x, [b.mul(image, const(c_in * plane_in))])
+        y_image = b.gep(y, [b.mul(image, const(c_out * plane_out))])
+        mine = b.sdiv(b.add(b.sub(const(chunks), ctx.part), b.sub(ctx.parts, const(1))), ctx.parts)
+        with ctx.loop(mine, name="chunk") as step:
+            chunk = b.add(ctx.part, b.mul(step, ctx.parts))
+            ty0 = b.mul(chunk, const(rows_per_chunk))
+            rows = b.select(b.icmp_signed("<", b.sub(const(tiles_h), ty0), const(rows_per_chunk)),
+                            b.sub(const(tiles_h), ty0), const(rows_per_chunk))
+            tiles = b.mul(rows, const(tiles_w))
+            _input_transform(ctx, vec, geo, x_image, v_base, ty0, rows, ld, groups, tiles_w)
+            for xi in range(POINTS):
+                emit_call(ctx, {"m": c_out, "n": tiles, "k": c_in, "a": b.gep(u_ptr, [const(xi * u_stride)]),
+                                "a_packed": 1, "b": b.gep(v_base, [const(xi * c_in * ld)]), "b_rs": ld, "b_cs": 1,
+                                "c": b.gep(m_base, [const(xi * c_out * ld)]), "ldc": ld}, Epilogue(), parallel=False)
+            _output_transform(ctx, vec, geo, y_image, m_base, bias_ptr, activation, params, ty0, rows, ld, groups,
+                              tiles_w)
+    ctx.parallel = True
+
+
+def _input_transform(ctx, vec: _Vectors, geo, x_image, v_base, ty0, rows, ld: int, groups: int, tiles_w: int) -> None:
+    """``V[xi][c][t] = (B^T d B)[xi]`` for the chunk's tiles, ``VW`` tiles at a time."""
+    b, vw = ctx.builder, vec.width
+    const = lambda v: ir.Constant(I64, v)  # noqa: E731
+    width, height = const(geo.in_w), const(geo.in_h)
+    with ctx.loop(const(geo.channels), name="wc") as c:
+        channel = b.gep(x_image, [b.mul(c, const(geo.in_h * geo.in_w))])
+        with ctx.loop(rows, name="wr") as r:
+            y0 = b.sub(b.mul(b.add(ty0, r), const(2)), const(geo.pad_h))
+            with ctx.loop(const(groups), name="wg") as g:
+                tx0 = b.mul(g, const(vw))
+                x0 = b.sub(b.mul(tx0, const(2)), const(geo.pad_w))
+                d = []  # d[i][j]: row i, column j of each tile's patch
+                for i in range(4):
+                    row = b.add(y0, const(i))
+                    inside = b.and_(b.icmp_signed(">=", row, const(0)), b.icmp_signed("<", row, height))
+                    start = b.mul(b.select(inside, row, const(0)), width)
+                    a = vec.masked_load(channel, b.add(start, x0), vec.lane_mask(x0, width, 2 * vw, inside), 2 * vw)
+                    x2 = b.add(x0, const(2))
+                    a2 = vec.masked_load(channel, b.add(start, x2), vec.lane_mask(x2, width, 2 * vw, inside), 2 * vw)
+                    d.append([vec.pick(a, 0), vec.pick(a, 1), vec.pick(a2, 0), vec.pick(a2, 1)])
+                t = [[b.fsub(d[0][j], d[2][j]) for j in range(4)], [b.fadd(d[1][j], d[2][j]) for j in range(4)],
+                     [b.fsub(d[2][j], d[1][j]) for j in range(4)], [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
+                at = b.add(b.mul(r, const(tiles_w)), tx0)
+                for i in range(4):
+                    v = [b.fsub(t[i][0], t[i][2]), b.fadd(t[i][1], t[i][2]), b.fsub(t[i][2], t[i][1]),
+                         b.fsub(t[i][1], t[i][3])]
+                    for j in range(4):
+                        plane = b.add(b.mul(const(i * 4 + j), const(geo.channels)), c)
+                        vec.store(v[j], v_base, b.add(b.mul(plane, const(ld)), at))
+
+
+def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activation: str, params, ty0, rows,
+                      ld: int, groups: int, tiles_w: int) -> None:
+    """``Y = act(A^T M A + bias)`` for the chunk's tiles, stored as two interleaved rows."""
+    from egraft.ir.ops.fused import activation_params
+
+    b, vw = ctx.builder, vec.width
+    const = lambda v: ir.Constant(I64, v)  # noqa: E731
+    out_w, out_h = const(geo.out_w), const(geo.out_h)
+    p = list(activation_params(activation, list(params))) if activation else []
+    zero = ir.Constant(vec.vtype(), [0.0] * vw)
+    with ctx.loop(const(geo.out_channels), name="oc") as o:
+        channel = b.gep(y_image, [b.mul(o, const(geo.out_h * geo.out_w))])
+        bias = vec.splat(b.load(b.gep(bias_ptr, [o]))) if bias_ptr is not None else None
+        with ctx.loop(rows, name="or") as r:
+            oy = b.mul(b.add(ty0, r), const(2))
+            with ctx.loop(const(groups), name="og") as g:
+                tx0 = b.mul(g, const(vw))
+                at = b.add(b.mul(r, const(tiles_w)), tx0)
+                m = [[vec.load(m_base, b.add(b.mul(b.add(b.mul(const(i * 4 + j), const(geo.out_channels)), o),
+                                                   const(ld)), at)) for j in range(4)] for i in range(4)]
+                s = [[b.fadd(b.fadd(m[0][j], m[1][j]), m[2][j]) for j in range(4)],
+                     [b.fsub(b.fsub(m[1][j], m[2][j]), m[3][j]) for j in range(4)]]
+                ox = b.mul(tx0, const(2))
+                mask = vec.lane_mask(ox, out_w, 2 * vw)
+                for i in range(2):
+                    pair = [b.fadd(b.fadd(s[i][0], s[i][1]), s[i][2]), b.fsub(b.fsub(s[i][1], s[i][2]), s[i][3])]
+                    if bias is not None:
+                        pair = [b.fadd(v, bias) for v in pair]
+                    pair = [_activate(b, v, activation, p, zero, vec) for v in pair]
+                    row = b.add(oy, const(i))
+                    with b.if_then(b.icmp_signed("<", row, out_h)):
+                        vec.masked_store(vec.interleave(*pair), channel, b.add(b.mul(row, out_w), ox), mask)
+
+
+def _activate(b: ir.IRBuilder, v: ir.Value, activation: str, p: list[float], zero: ir.Value, vec: _Vectors):
+    """The activations the library form takes (relu, leaky_relu, clip) on a vector."""
+    if activation == "relu":
+        return b.select(b.fcmp_ordered("<", v, zero), zero, v)
+    if activation == "leaky_relu":
+        return b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, vec.splat(ir.Constant(F32, p[0]))), v)
+    if activation == "clip":
+        lo, hi = vec.splat(ir.Constant(F32, p[0])), vec.splat(ir.Constant(F32, p[1]))
+        v = b.select(b.fcmp_ordered("<", v, lo), lo, v)
+        return b.select(b.fcmp_ordered(">", v, hi), hi, v)
+    return v
+
+
+__all__ = ["WINOGRAD_BYTES", "chunk_rows", "fits", "emit_winograd"]
