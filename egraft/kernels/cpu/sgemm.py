@@ -103,7 +103,7 @@ def blocking(vector_bits: int | None = None) -> Blocking:
     mr = 12 if vw >= 16 else 6
     if vw >= 16:  # AVX-512: 32 zmm registers, 48 KiB L1 (Zen 4)
         return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=512, mc=144, nc=2048)
-    return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=384, mc=72, nc=2048)  # AVX2: 16 ymm, 32 KiB L1
+    return Blocking(vw=vw, mr=mr, nr=2 * vw, kc=256, mc=72, nc=2048)  # AVX2: 16 ymm, 32 KiB L1
 
 
 #: Bytes of each thread's scratch that kernels use for their own buffers, after the
@@ -290,20 +290,55 @@ def _micro_kernel(module: ir.Module, blk: Blocking) -> ir.Function:
             b.store(b.select(b.fcmp_ordered(">", y, high), high, y), slot)
         return b.load(slot)
 
-    full = b.and_(b.icmp_signed("==", rows, e.i64(mr)), b.icmp_signed("==", cols, e.i64(nr)))
+    full = b.icmp_signed("==", cols, e.i64(nr))  # whole vectors of columns; rows past `rows` are skipped
     with b.if_else(full) as (then, otherwise):
-        with then:
+        with then:  # each test once per tile, each step over the 2*MR vectors in registers
+            cells = [(r, h, accs[r][h]) for r in range(mr) for h in range(halves)]
+
+            def update(fn) -> None:
+                for r, h, slot in cells:
+                    b.store(fn(r, h, b.load(slot)), slot)
+
+            def c_at(r: int, h: int) -> ir.Value:
+                return b.add(b.mul(e.i64(r), ldc), e.i64(h * vw))
+
+            def update_rows(fn) -> None:  # rows that exist (a partial panel's zero rows have no C)
+                for r in range(mr):
+                    with b.if_then(b.icmp_signed("<", e.i64(r), rows)):
+                        for h in range(halves):
+                            b.store(fn(r, h, b.load(accs[r][h])), accs[r][h])
+
+            with b.if_then(b.not_(first)):
+                update_rows(lambda r, h, v: b.fadd(v, e.vload(c, c_at(r, h))))
+            with b.if_then(last):
+                with b.if_then(b.fcmp_ordered("!=", alpha, e.f32(1.0))):
+                    update(lambda r, h, v: b.fmul(v, e.splat(alpha)))
+                with b.if_then(b.icmp_signed("==", bias_kind, e.i64(BIAS_PER_ROW))):
+                    update_rows(lambda r, h, v: b.fadd(v, e.splat(b.load(b.gep(bias, [e.i64(r)])))))
+                with b.if_then(b.icmp_signed("==", bias_kind, e.i64(BIAS_PER_COLUMN))):
+                    column_bias = [e.vload(bias, e.i64(h * vw)) for h in range(halves)]
+                    update(lambda r, h, v: b.fadd(v, column_bias[h]))
+                with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(res, I64), e.i64(0))):
+                    betas = e.splat(beta)
+                    update_rows(lambda r, h, v: e.fma(e.vload(res, b.add(b.mul(e.i64(r), ldr), e.i64(h * vw))), betas,
+                                                      v))
+                zero_v = ir.Constant(e.vt, [0.0] * vw)
+                with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["relu"]))):
+                    update(lambda r, h, v: b.select(b.fcmp_ordered("<", v, zero_v), zero_v, v))
+                with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["leaky_relu"]))):
+                    slopes = e.splat(slope)
+                    update(lambda r, h, v: b.select(b.fcmp_ordered("<", v, zero_v), b.fmul(v, slopes), v))
+                with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["clip"]))):
+                    lows, highs = e.splat(lo), e.splat(hi)
+
+                    def clip(r, h, v):
+                        v = b.select(b.fcmp_ordered("<", v, lows), lows, v)
+                        return b.select(b.fcmp_ordered(">", v, highs), highs, v)
+                    update(clip)
             for r in range(mr):
-                row_off = b.mul(e.i64(r), ldc)
-                for h in range(halves):
-                    where = b.add(row_off, e.i64(h * vw))
-                    slot = e.alloca(e.vt, name="out")
-                    b.store(b.load(accs[r][h]), slot)
-                    with b.if_then(b.not_(first)):
-                        b.store(b.fadd(b.load(slot), e.vload(c, where)), slot)
-                    with b.if_then(last):
-                        b.store(epilogue(b.load(slot), e.i64(r), e.i64(h * vw), True), slot)
-                    e.vstore(b.load(slot), c, where)
+                with b.if_then(b.icmp_signed("<", e.i64(r), rows)):
+                    for h in range(halves):
+                        e.vstore(b.load(accs[r][h]), c, c_at(r, h))
         with otherwise:
             tile = e.alloca(F32, name="tile", count=mr * nr)
             for r in range(mr):
