@@ -129,7 +129,8 @@ def test_sgemm_implicit_im2col(library, stride, pad, dilation, size):
     pixels = geo.out_h * geo.out_w
     y = np.empty((c_out, pixels), np.float32)
     library({"m": c_out, "n": pixels, "k": c_in * 9, "a": w.reshape(c_out, -1), "a_rs": c_in * 9, "a_cs": 1,
-             "b": x, "conv": 1, **tables, "height": size, "width": size + 3, "c": y, "ldc": pixels})
+             "b": x, "conv": 1, **tables, "run_stride": stride, "height": size, "width": size + 3, "c": y,
+             "ldc": pixels})
     model = conv_model(w, None, {"strides": [stride] * 2, "pads": [pad] * 4, "dilations": [dilation] * 2}, x.shape)
     want = run_onnxruntime(model, {"x": x})["y"]
     np.testing.assert_allclose(y.reshape(want.shape), want, rtol=1e-4, atol=1e-4)

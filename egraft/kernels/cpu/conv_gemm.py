@@ -32,7 +32,8 @@ def conv_tables(geo) -> dict[str, np.ndarray]:
     """The implicit-im2col tables of ``geo`` (a :class:`egraft.kernels.cpu.conv.ConvGeometry`),
     for one group: ``k_off``, ``k_h``, ``k_w`` per tap, ``n_h``, ``n_w`` per output pixel,
     and ``panel_run`` per panel of ``NR`` pixels (1 where they are consecutive columns of
-    one output row, so a panel row is one contiguous run of the input).
+    one output row, so a panel row reads one run of an input row, every column or, with
+    stride 2, every other).
 
     Example: a 3x3 conv with pad 1 on a 4x4 image has ``n_h[0] == n_w[0] == -1`` and
     ``k_off[4] == 1 * 4 + 1`` (the centre tap of channel 0).
@@ -50,7 +51,7 @@ def conv_tables(geo) -> dict[str, np.ndarray]:
     nr = blocking().nr
     panels = -(-len(p) // nr)
     run = np.zeros(panels, np.int64)
-    if geo.stride_w == 1:
+    if geo.stride_w in (1, 2):
         for q in range(panels):
             lo, hi = q * nr, q * nr + nr
             run[q] = hi <= len(p) and oh[lo] == oh[hi - 1]
@@ -103,7 +104,7 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
         b_fields = {"b_rs": pixels, "b_cs": 1}
     else:
         tables = {name: ctx.derived_constant(name, array) for name, array in conv_tables(geo).items()}
-        b_fields = {"conv": 1, **tables, "height": geo.in_h, "width": geo.in_w}
+        b_fields = {"conv": 1, **tables, "run_stride": geo.stride_w, "height": geo.in_h, "width": geo.in_w}
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     bias_ptr = ctx.in_ptr(bias) if bias is not None else None
     z = ctx.in_ptr(residual) if residual is not None else None

@@ -61,7 +61,7 @@ FIELDS = (
     "m", "n", "k",
     "a", "a_rs", "a_cs", "a_packed",
     "b", "b_rs", "b_cs",
-    "conv", "k_off", "k_h", "k_w", "n_h", "n_w", "panel_run", "height", "width",
+    "conv", "k_off", "k_h", "k_w", "n_h", "n_w", "panel_run", "run_stride", "height", "width",
     "c", "ldc",
     "bias", "bias_kind",
     "res", "ldr",
@@ -170,12 +170,12 @@ class _Emitter:
         p = self.b.bitcast(self.b.gep(ptr, [index]), self.vt.as_pointer())
         self.b.store(value, p, align=align)
 
-    def splat(self, x: ir.Value) -> ir.Value:
-        """A vector of ``VW`` copies of ``x`` (any scalar type)."""
-        vt = ir.VectorType(x.type, self.blk.vw)
+    def splat(self, x: ir.Value, lanes: int | None = None) -> ir.Value:
+        """A vector of ``lanes`` (default ``VW``) copies of ``x`` (any scalar type)."""
+        lanes = lanes or self.blk.vw
+        vt = ir.VectorType(x.type, lanes)
         one = self.b.insert_element(ir.Constant(vt, None), x, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, self.blk.vw),
-                                                                             [0] * self.blk.vw))
+        return self.b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
 
     def fma(self, a: ir.Value, x: ir.Value, acc: ir.Value) -> ir.Value:
         t = acc.type
@@ -384,6 +384,7 @@ def _library_module(blk: Blocking) -> str:
     conv = field("conv")
     k_off, k_h, k_w, n_h, n_w, panel_run = (iptr(x) for x in ("k_off", "k_h", "k_w", "n_h", "n_w", "panel_run"))
     height, width = field("height"), field("width")
+    run_stride = field("run_stride")
     c, ldc = fptr("c"), field("ldc")
     bias, bias_kind = fptr("bias"), field("bias_kind")
     res, ldr = fptr("res"), field("ldr")
@@ -421,7 +422,7 @@ def _library_module(blk: Blocking) -> str:
             pc = b.mul(pb, k_step)
             kc = e.max(e.min(k_step, b.sub(k, pc)), e.i64(0))
             _pack_b(e, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
-                    height, width)
+                    run_stride, height, width)
             first = b.icmp_signed("==", pb, e.i64(0))
             last = b.icmp_signed("==", pb, b.sub(k_blocks, e.i64(1)))
             with e.loop(i_lo, i_hi, mcb, name="ic") as ic:
@@ -466,7 +467,7 @@ def _pack_a(e: _Emitter, abuf, ic, mc, pc, kc, a, a_rs, a_cs) -> None:
 
 
 def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
-            height, width) -> None:
+            run_stride, height, width) -> None:
     """``bbuf[q][kk][jj] = B[pc + kk, jc + q*NR + jj]`` (zero past ``nc``), from a strided
     matrix or from the image (implicit im2col)."""
     b, nr, vw = e.b, e.blk.nr, e.blk.vw
@@ -491,12 +492,18 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
                     with b.if_else(run) as (in_row, slow):
                         with in_row:  # one run of the input row: whole vectors, masked at its ends
                             src = b.add(koff, b.add(b.mul(nh0, width), nw0))
-                            with b.if_else(b.and_(row_inside, inside)) as (whole, border):
+                            with b.if_then(b.icmp_signed("==", run_stride, e.i64(2))):  # every other column
+                                for h in range(nr // vw):
+                                    wide = _masked_row(e, bmat, b.add(src, e.i64(2 * h * vw)),
+                                                       b.add(iw, e.i64(2 * h * vw)), width, row_inside, 2 * vw)
+                                    e.vstore(_evens(e, wide), bbuf, b.add(dst, e.i64(h * vw)), align=32)
+                            unit = b.icmp_signed("==", run_stride, e.i64(1))
+                            with b.if_else(b.and_(unit, b.and_(row_inside, inside))) as (whole, border):
                                 with whole:
                                     for h in range(nr // vw):
                                         e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf,
                                                  b.add(dst, e.i64(h * vw)), align=32)
-                                with border:
+                                with border, b.if_then(unit):
                                     for h in range(nr // vw):
                                         value = _masked_row(e, bmat, b.add(src, e.i64(h * vw)),
                                                             b.add(iw, e.i64(h * vw)), width, row_inside)
@@ -534,21 +541,29 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
     del zero_v
 
 
-def _masked_row(e: _Emitter, bmat, src, iw, width, row_inside) -> ir.Value:
-    """``VW`` input elements from ``bmat[src..]`` whose columns ``iw + lane`` are inside
-    ``[0, width)`` (and the row inside the image), zero elsewhere; outside lanes are not read."""
-    b, vw = e.b, e.blk.vw
-    vi64 = ir.VectorType(I64, vw)
-    columns = b.add(e.splat(iw), ir.Constant(vi64, list(range(vw))))
-    inside = b.icmp_signed(">=", columns, ir.Constant(vi64, [0] * vw))
-    mask = b.and_(inside, b.icmp_signed("<", columns, e.splat(width)))
-    mask = b.and_(mask, e.splat(row_inside))
-    pointer = b.bitcast(b.gep(bmat, [src]), e.vt.as_pointer())
-    name = f"llvm.masked.load.v{vw}f32.p0"
+def _masked_row(e: _Emitter, bmat, src, iw, width, row_inside, lanes: int | None = None) -> ir.Value:
+    """``lanes`` (default ``VW``) input elements from ``bmat[src..]`` whose columns
+    ``iw + lane`` are inside ``[0, width)`` (and the row inside the image), zero
+    elsewhere; outside lanes are not read."""
+    b = e.b
+    lanes = lanes or e.blk.vw
+    vi64, vt = ir.VectorType(I64, lanes), ir.VectorType(F32, lanes)
+    columns = b.add(e.splat(iw, lanes), ir.Constant(vi64, list(range(lanes))))
+    inside = b.icmp_signed(">=", columns, ir.Constant(vi64, [0] * lanes))
+    mask = b.and_(inside, b.icmp_signed("<", columns, e.splat(width, lanes)))
+    mask = b.and_(mask, e.splat(row_inside, lanes))
+    pointer = b.bitcast(b.gep(bmat, [src]), vt.as_pointer())
+    name = f"llvm.masked.load.v{lanes}f32.p0"
     module = e.fn.module
-    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(e.vt, [pointer.type, I32, mask.type, e.vt]),
-                                                 name)
-    return b.call(fn, [pointer, ir.Constant(I32, 4), mask, ir.Constant(e.vt, [0.0] * vw)])
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(vt, [pointer.type, I32, mask.type, vt]), name)
+    return b.call(fn, [pointer, ir.Constant(I32, 4), mask, ir.Constant(vt, [0.0] * lanes)])
+
+
+def _evens(e: _Emitter, wide: ir.Value) -> ir.Value:
+    """Lanes 0, 2, 4... of a vector of ``2 * VW`` (the columns a stride-2 window reads)."""
+    vw = e.blk.vw
+    return e.b.shuffle_vector(wide, ir.Constant(wide.type, None), ir.Constant(ir.VectorType(I32, vw),
+                                                                              [2 * i for i in range(vw)]))
 
 
 _LIBRARY_LOCK = threading.Lock()
