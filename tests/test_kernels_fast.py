@@ -210,12 +210,13 @@ def test_fused_conv_residual_and_activation_in_the_products():
 
 # ---- Winograd ------------------------------------------------------------------------------------
 WINOGRAD_CASES = [
-    ((1, 3, 8, 8), 4, {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 16, 16), 4, {"pads": [1, 1, 1, 1]}),
     ((2, 5, 7, 19), 3, {"pads": [1, 1, 1, 1]}),         # odd output sizes, 10 tiles a row
-    ((1, 4, 5, 6), 6, {"pads": [0, 2, 1, 0]}),          # uneven pads
+    ((1, 4, 13, 14), 6, {"pads": [0, 2, 1, 0]}),        # uneven pads
     ((1, 7, 10, 25), 8, {}),                            # no padding
     ((1, 16, 34, 70), 24, {"pads": [1, 1, 1, 1]}),      # 35 tiles a row, several chunks
-    ((1, 256, 14, 14), 256, {"pads": [1, 1, 1, 1]}),    # big channels: one tile row per chunk
+    ((1, 256, 14, 14), 256, {"pads": [1, 1, 1, 1]}),    # big channels
+    ((1, 300, 40, 40), 300, {"pads": [1, 1, 1, 1]}),    # 600 channels: 4 tile rows per chunk
 ]
 
 
@@ -236,6 +237,15 @@ def test_winograd_kernel_matches_onnxruntime(x_shape, out_channels, attrs, activ
         got = compiled.run({"x": x})["y"]
         assert got.shape == want.shape
         assert scale_relative_error(got, want) <= 1e-5
+
+
+def test_winograd_small_outputs_run_as_one_product():
+    """A 7x7 output has 16 tiles: too few for 16 products, it runs as one product (still right)."""
+    x, w, b = randn(1, 32, 7, 7), randn(32, 32, 3, 3), randn(32)
+    model = conv_model(w, b, {"pads": [1, 1, 1, 1]}, x.shape, op="WinogradConv", extra={"u": winograd_weights(w)})
+    compiled = compile_graph(egraft.load(model))
+    assert "llvm.masked.store" not in compiled.module_text and compiled.steps[0].parallel
+    assert scale_relative_error(compiled.run({"x": x})["y"], reference(x, w, b, {"pads": [1, 1, 1, 1]})) <= 1e-5
 
 
 def test_winograd_symbolic_batch():

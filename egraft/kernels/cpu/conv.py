@@ -566,7 +566,8 @@ def fused_conv(ctx: KernelContext) -> None:
 def winograd_conv(ctx: KernelContext) -> None:
     """egraft's ``act(Conv(X, W, B))`` for a 3x3 stride-1 kernel, by Winograd F(2x2, 3x3)
     (:mod:`egraft.kernels.cpu.winograd`, its filter transform computed from the constant
-    ``W`` at compile time), else as the convolution of ``W``; ``U`` (input 2) is not read.
+    ``W`` at compile time), else (small outputs, weights computed at run time) as the
+    convolution of ``W``; ``U`` (input 2) is not read.
 
     Example: ``WinogradConv(x, w, u, b) {pads = [1, 1, 1, 1]}`` equals ``Conv(x, w, b)``.
     """

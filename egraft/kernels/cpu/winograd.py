@@ -36,6 +36,9 @@ from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES, Epilogue, blocking, e
 WINOGRAD_BYTES = KERNEL_SCRATCH_BYTES
 #: Points of the transformed 4x4 tile.
 POINTS = 16
+#: Fewest tiles per product worth it: below (a 7x7 output has 16 tiles) the 16 products are
+#: too narrow to run at speed and the convolution runs as one product instead.
+MIN_TILES = 32
 
 
 def chunk_rows(geo, threads_hint: int = 2) -> int | None:
@@ -49,8 +52,9 @@ def chunk_rows(geo, threads_hint: int = 2) -> int | None:
     if budget_tiles < tiles_w:
         return None
     rows = min(budget_tiles // tiles_w, tiles_h)
-    if tiles_h >= threads_hint:
-        rows = min(rows, -(-tiles_h // threads_hint))
+    shared = -(-tiles_h // threads_hint)
+    if tiles_h >= threads_hint and shared * tiles_w >= MIN_TILES:
+        rows = min(rows, shared)
     return max(rows, 1)
 
 
@@ -63,6 +67,8 @@ def fits(ctx: KernelContext, geo, activation: str) -> bool:
         return False
     shape = (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.dil_h, geo.dil_w, geo.group)
     if shape != (3, 3, 1, 1, 1, 1, 1) or not Epilogue.fits(activation):
+        return False
+    if -(-geo.out_h // 2) * -(-geo.out_w // 2) < MIN_TILES:
         return False
     return chunk_rows(geo) is not None
 
