@@ -140,3 +140,16 @@ def test_calibrate_kernels_times_the_kernels_and_saves_the_fit(monkeypatch):
     again = runner.invoke(app, ["calibrate", "--kernels", "--quick"])
     assert again.exit_code == 2 and "already holds kernel-fitted efficiencies" in again.output
     assert "pass --force" in again.output
+
+
+def test_node_cost_prices_a_graph_node_by_its_work_on_the_profile():
+    import egraft
+
+    case = kernel_cases(quick=True)[0]
+    assert case.name == "conv 3x3 64->64 28x28"
+    graph = egraft.load(case.model)
+    model = cost_model("roofline", TRUTH)
+    work = model.node_work(graph, graph.nodes[0])
+    outputs = 64 * 28 * 28
+    assert (work.family, work.flops) == ("conv", 2.0 * outputs * 64 * 9 + outputs)  # products, then the bias
+    assert model.node_cost(graph, graph.nodes[0]) == pytest.approx(work.flops / (80e3 * 0.6) + 1.0)
