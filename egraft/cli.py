@@ -211,6 +211,8 @@ def run(
     backend: Annotated[str, typer.Option(
         "--backend", help="cpu: rewrite and compile to native code (cached); reference: egraft's numpy "
                           "executor on the model as loaded.")] = "cpu",
+    threads: Annotated[int | None, typer.Option(
+        "--threads", help="Threads the compiled model may use (default: every core, or $EGRAFT_NUM_THREADS).")] = None,
 ) -> None:
     """Run a model, compiled for this CPU (or with the reference executor); inputs not
     given are generated (arange(n)/n).
@@ -240,7 +242,7 @@ def run(
             outputs = graph.run(feeds)
         else:
             with err_console.status("compiling", spinner="dots"):
-                compiled = egraft.compile(proto)
+                compiled = egraft.compile(proto, threads=threads)
             report = compiled.report()
             console.print(f"compiled: {report.kernels} kernels, {report.views} views, {len(report.fallbacks)} on "
                           f"reference kernels{' (from the cache)' if compiled.cache_hit else ''}", markup=False)

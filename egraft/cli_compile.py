@@ -133,8 +133,8 @@ def compile_command(
 @app.command()
 def bench(
     model: ModelArgument,
-    threads: Annotated[int, typer.Option(help="Threads for onnxruntime (egraft's kernels run on one thread "
-                                              "until the multi-threaded kernels land).")] = 1,
+    threads: Annotated[int | None, typer.Option(help="Threads for egraft and for onnxruntime (default: every "
+                                                     "core, or $EGRAFT_NUM_THREADS).")] = None,
     repeat: Annotated[int, typer.Option(help="Timed runs (the median is reported).")] = 20,
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 3,
     shape: ShapeOption = None,
@@ -156,6 +156,12 @@ def bench(
         feeds = _read_inputs(compiled.graph, None, parse_bindings(shape), quiet=as_json)
     except EgraftError as e:
         raise _fail(str(e)) from None
+    from egraft.lowering.runtime import default_threads
+
+    if threads is not None and threads < 1:
+        raise _fail(f"--threads {threads}: give 1 or more")
+    threads = threads or default_threads()
+    compiled.threads = threads
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -169,7 +175,7 @@ def bench(
     if as_json:
         print(json.dumps(result, indent=1))
         return
-    table = Table(title=f"{model}: median of {repeat} runs, onnxruntime at {threads} thread(s)")
+    table = Table(title=f"{model}: median of {repeat} runs, egraft and onnxruntime at {threads} thread(s)")
     for col in ("egraft ms", "onnxruntime ms", "egraft / onnxruntime", "ops on reference kernels"):
         table.add_column(col, justify="right")
     table.add_row(f"{ours:.3f}", f"{theirs:.3f}", f"{ours / theirs:.2f}", str(result["fallbacks"]))

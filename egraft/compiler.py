@@ -142,7 +142,7 @@ def clear_cache() -> int:
 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
-            cost="roofline", extractor: str = "greedy", use_cache: bool = True):
+            cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None):
     """Compile ``model`` for ``target``.
 
     Args:
@@ -157,15 +157,24 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         rewrite: run the rewrite rules and extraction first (``False`` compiles the graph as is).
         cost / extractor: the extraction's cost model (a name or a CostModel) and extractor.
         use_cache: read and write the compiled-model cache.
+        threads: how many threads a call may use (default ``$EGRAFT_NUM_THREADS``, else
+            every core this process may run on); ``compiled.threads`` changes it later.
+            It does not change the compiled code.
 
     Returns:
         A :class:`egraft.lowering.runtime.CompiledModel`; ``.report()`` says what ran where.
     """
     if target not in TARGETS:
         raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
+    if threads is not None and threads < 1:
+        raise EgraftError(f"threads={threads}: give 1 or more")
     if isinstance(model, str | Path) and str(model).endswith(".json"):
-        return _compile_plan(Path(model), target, use_cache)
-    return _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache)
+        compiled = _compile_plan(Path(model), target, use_cache)
+    else:
+        compiled = _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache)
+    if threads is not None:
+        compiled.threads = threads
+    return compiled
 
 
 def _compile_plan(path: Path, target: str, use_cache: bool):

@@ -18,10 +18,12 @@ from typer.testing import CliRunner
 
 import egraft
 from egraft.cli import app
+from egraft.errors import EgraftError
 from egraft.lowering.compile import compile_graph, lower
 from egraft.lowering.memory import ALIGNMENT, assign_offsets
+from egraft.lowering.runtime import MIN_PARALLEL_WORK
 from egraft.optimize import optimize
-from egraft.testing.models import light_model_path
+from egraft.testing.models import light_model_path, scale_relative_error
 
 runner = CliRunner()
 
@@ -122,6 +124,47 @@ def test_calls_from_several_threads_at_once_are_independent():
     assert not errors
 
 
+def _dense_model(m: int = 96, k: int = 256, n: int = 200) -> onnx.ModelProto:
+    """``relu(x @ W + b) @ W2``: two products big enough to be split over threads."""
+    rng = np.random.default_rng(4)
+    inits = [onnx.numpy_helper.from_array(rng.normal(size=(k, n)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(rng.normal(size=n).astype(np.float32), "b"),
+             onnx.numpy_helper.from_array(rng.normal(size=(n, k)).astype(np.float32), "w2")]
+    nodes = [onnx.helper.make_node("MatMul", ["x", "w"], ["h"]), onnx.helper.make_node("Add", ["h", "b"], ["hb"]),
+             onnx.helper.make_node("Relu", ["hb"], ["r"]), onnx.helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = onnx.helper.make_graph(nodes, "dense", [onnx.helper.make_tensor_value_info("x", 1, [m, k])],
+                                   [onnx.helper.make_tensor_value_info("y", 1, None)], inits)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_parallel_kernels_from_several_callers_share_the_cores():
+    """Kernels split over threads, called from several threads at once (each call borrows the
+    helpers that are free, possibly none): every result is right, whatever the split."""
+    model = _dense_model()
+    compiled = egraft.compile(model, threads=2)
+    assert compiled.threads == 2 and any(s.parallel and s.work >= MIN_PARALLEL_WORK for s in compiled.steps)
+    inputs = [np.random.default_rng(i).normal(size=(96, 256)).astype(np.float32) for i in range(4)]
+    want = [run_onnxruntime(model, {"x": x})["y"] for x in inputs]
+    errors: list = []
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            got = compiled.run({"x": inputs[i]})["y"]
+            if scale_relative_error(got, want[i]) > 1e-5:
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    compiled.threads = 1
+    assert scale_relative_error(compiled.run({"x": inputs[0]})["y"], want[0]) <= 1e-5
+    with pytest.raises(EgraftError, match="threads=0"):
+        egraft.compile(model, threads=0)
+
+
 def test_outputs_keep_their_names_and_survive_the_next_call():
     model = symbolic_batch_model()
     compiled = egraft.compile(model)
@@ -198,9 +241,10 @@ def test_cli_run_compiled_and_reference_agree_with_onnxruntime(tmp_path):
 def test_cli_bench_and_profile(tmp_path):
     src = tmp_path / "m.onnx"
     onnx.save(symbolic_batch_model(), src)
-    bench = runner.invoke(app, ["bench", str(src), "--shape", "batch=4", "--repeat", "3", "--json"])
+    bench = runner.invoke(app, ["bench", str(src), "--shape", "batch=4", "--repeat", "3", "--threads", "2", "--json"])
     assert bench.exit_code == 0, bench.output
     figures = json.loads(bench.stdout)
+    assert figures["threads"] == 2
     assert figures["egraft_ms"] > 0 and figures["onnxruntime_ms"] > 0
     assert figures["ratio"] == pytest.approx(figures["egraft_ms"] / figures["onnxruntime_ms"], rel=1e-3)
     trace = tmp_path / "trace.json"
