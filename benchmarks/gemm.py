@@ -1,9 +1,10 @@
-"""fp32 GEMM throughput at 1 thread: egraft's generated MatMul kernel against numpy
+"""fp32 GEMM throughput at 1 thread: egraft's compiled MatMul (egraft_sgemm) against numpy
 (OpenBLAS) and onnxruntime, for square sizes and for ResNet-50's convolutions seen as
 GEMMs (M = output channels, N = output pixels, K = input channels x kernel area), with
 this machine's FMA peak measured by the same script (a generated loop of 12 independent
-vector FMA chains at the host's vector width). GFLOP/s are medians; ratios are egraft's
-over the peer's.
+vector FMA chains at the host's vector width); then egraft at 2 threads and its speedup.
+GFLOP/s are medians; ratios are egraft's over the peer's. numpy and onnxruntime run at
+1 thread throughout (OPENBLAS_NUM_THREADS is fixed when numpy loads).
 
 Run: python benchmarks/gemm.py [--repeat 5] [--sizes 256 512 1024 2048]
 """
@@ -93,19 +94,21 @@ def main() -> None:
     cases = [(f"{s}^3", s, s, s) for s in args.sizes] + RESNET50_GEMMS
     table = Table(title=f"fp32 GEMM at 1 thread, GFLOP/s (median of {args.repeat}); FMA peak {peak:.1f} GFLOP/s "
                         f"({host_cpu()[1]}, {host_vector_bits()}-bit vectors)")
-    for col in ("shape", "M x N x K", "egraft", "numpy", "onnxruntime", "egraft/numpy", "egraft/ort", "egraft/peak"):
+    for col in ("shape", "M x N x K", "egraft", "numpy", "onnxruntime", "egraft/numpy", "egraft/ort", "egraft/peak",
+                "egraft 2 threads", "2 threads / 1"):
         table.add_column(col, justify="left" if col == "shape" else "right")
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    ratios = []
+    ratios, speedups = [], []
     rng = np.random.default_rng(0)
     for name, m, n, k in cases:
         a = rng.standard_normal((m, k), dtype=np.float32)
         b = rng.standard_normal((k, n), dtype=np.float32)
         model = matmul_model(m, n, k)
         compiled = compile_graph(egraft.load(model))
+        compiled.threads = 1
         got = compiled.run({"a": a, "b": b})["y"]
         want = a @ b
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() * math.sqrt(k), name
@@ -115,12 +118,16 @@ def main() -> None:
         ours = flops / median_ms(lambda: compiled.run({"a": a, "b": b}), args.repeat) / 1e6
         blas = flops / median_ms(lambda: np.matmul(a, b, out=out), args.repeat) / 1e6
         theirs = flops / median_ms(lambda: session.run(None, {"a": a, "b": b}), args.repeat) / 1e6
+        compiled.threads = 2
+        two = flops / median_ms(lambda: compiled.run({"a": a, "b": b}), args.repeat) / 1e6
         ratios.append(ours / blas)
+        speedups.append(two / ours)
         table.add_row(name, f"{m} x {n} x {k}", f"{ours:.1f}", f"{blas:.1f}", f"{theirs:.1f}", f"{ours / blas:.2f}",
-                      f"{ours / theirs:.2f}", f"{ours / peak:.2f}")
+                      f"{ours / theirs:.2f}", f"{ours / peak:.2f}", f"{two:.1f}", f"{two / ours:.2f}")
     table.add_section()
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    table.add_row("geometric mean", "", "", "", "", f"{geomean:.2f}", "", "")
+    speedup = math.exp(sum(math.log(r) for r in speedups) / len(speedups))
+    table.add_row("geometric mean", "", "", "", "", f"{geomean:.2f}", "", "", "", f"{speedup:.2f}")
     Console(width=150).print(table)
 
 
