@@ -196,6 +196,7 @@ class CompiledModel:
         self._shape_cache: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {}
         self._placement_cache: dict[tuple[int, ...], list[tuple]] = {}
         self._plans_lock = threading.Lock()
+        self._arenas: list[np.ndarray] = []  # arenas of finished calls, for the next ones
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
         #: the registry entry of every fallback step, resolved once
         self._fallback_ops = {step.index: resolve_op(step.node, self._opsets[step.index])
@@ -252,7 +253,7 @@ class CompiledModel:
         bound = {s: int(v) for s, v in zip(symbols, dims) if v}
         plan = self.memory_plan(bound)
         self._shapes(bound)  # computed once per binding; _shape looks them up
-        arena = _aligned_empty(max(plan.peak, 1))
+        arena = self._take_arena(max(plan.peak, 1))
         table = np.zeros(len(lowered.slots), np.uint64)
         env: dict[str, np.ndarray] = {}
 
@@ -303,8 +304,24 @@ class CompiledModel:
                 self._fallback(step, env, table, bound, dims)
             if profile is not None:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
-        return {v.name: env[v.name] if v.const is None else np.array(self.graph.constants[v.const])
-                for v in self.graph.outputs}
+        outputs = {v.name: env[v.name] if v.const is None else np.array(self.graph.constants[v.const])
+                   for v in self.graph.outputs}
+        self._give_back_arena(arena)  # outputs never alias it: the next call may reuse it
+        return outputs
+
+    def _take_arena(self, nbytes: int) -> np.ndarray:
+        """An arena of at least ``nbytes``: one a finished call gave back (its pages are
+        already mapped: no page faults), else a new one."""
+        with self._plans_lock:
+            for k, arena in enumerate(self._arenas):
+                if arena.nbytes >= nbytes:
+                    return self._arenas.pop(k)
+        return _aligned_empty(nbytes)
+
+    def _give_back_arena(self, arena: np.ndarray) -> None:
+        with self._plans_lock:
+            if len(self._arenas) < 4:  # enough for a few concurrent callers
+                self._arenas.append(arena)
 
     @staticmethod
     def _run_parallel(function, table: int, dims: int, threads: int) -> None:

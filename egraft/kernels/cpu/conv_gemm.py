@@ -25,15 +25,15 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.kernels.cpu.emit import I64, KernelContext
-from egraft.kernels.cpu.sgemm import BIAS_PER_ROW, Epilogue, blocking, emit_call, pack_a_constant
+from egraft.kernels.cpu.sgemm import BIAS_PER_ROW, MAX_SEGMENTS, Epilogue, blocking, emit_call, pack_a_constant
 
 
 def conv_tables(geo) -> dict[str, np.ndarray]:
     """The implicit-im2col tables of ``geo`` (a :class:`egraft.kernels.cpu.conv.ConvGeometry`),
     for one group: ``k_off``, ``k_h``, ``k_w`` per tap, ``n_h``, ``n_w`` per output pixel,
-    and ``panel_run`` per panel of ``NR`` pixels (1 where they are consecutive columns of
-    one output row, so a panel row reads one run of an input row, every column or, with
-    stride 2, every other).
+    ``panel_run`` per panel of ``NR`` pixels (how many runs of output rows its pixels lie
+    in; 0 when more than :data:`~egraft.kernels.cpu.sgemm.MAX_SEGMENTS` or the stride is
+    over 2) and ``segments``, each run's first and end lane, output row and first column.
 
     Example: a 3x3 conv with pad 1 on a 4x4 image has ``n_h[0] == n_w[0] == -1`` and
     ``k_off[4] == 1 * 4 + 1`` (the centre tap of channel 0).
@@ -50,13 +50,21 @@ def conv_tables(geo) -> dict[str, np.ndarray]:
     n_w = ow * geo.stride_w - geo.pad_w
     nr = blocking().nr
     panels = -(-len(p) // nr)
-    run = np.zeros(panels, np.int64)
+    runs = np.zeros(panels, np.int64)
+    segments = np.zeros((panels, MAX_SEGMENTS, 4), np.int64)  # (first lane, end lane, n_h, n_w at the first)
     if geo.stride_w in (1, 2):
         for q in range(panels):
-            lo, hi = q * nr, q * nr + nr
-            run[q] = hi <= len(p) and oh[lo] == oh[hi - 1]
+            lo, hi = q * nr, min(q * nr + nr, len(p))
+            starts = [j for j in range(lo, hi) if j == lo or oh[j] != oh[j - 1]]
+            if len(starts) > MAX_SEGMENTS:
+                continue
+            runs[q] = len(starts)
+            for s, j in enumerate(starts):
+                end = starts[s + 1] if s + 1 < len(starts) else hi
+                segments[q, s] = (j - lo, end - lo, n_h[j], n_w[j])
     return {"k_off": k_off.astype(np.int64), "k_h": k_h.astype(np.int64), "k_w": k_w.astype(np.int64),
-            "n_h": n_h.astype(np.int64), "n_w": n_w.astype(np.int64), "panel_run": run}
+            "n_h": n_h.astype(np.int64), "n_w": n_w.astype(np.int64), "panel_run": runs,
+            "segments": segments.reshape(-1)}
 
 
 def is_plain_matrix(geo) -> bool:

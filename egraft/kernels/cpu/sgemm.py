@@ -61,7 +61,7 @@ FIELDS = (
     "m", "n", "k",
     "a", "a_rs", "a_cs", "a_packed",
     "b", "b_rs", "b_cs",
-    "conv", "k_off", "k_h", "k_w", "n_h", "n_w", "panel_run", "run_stride", "height", "width",
+    "conv", "k_off", "k_h", "k_w", "n_h", "n_w", "panel_run", "segments", "run_stride", "height", "width",
     "c", "ldc",
     "bias", "bias_kind",
     "res", "ldr",
@@ -74,6 +74,10 @@ FIELD = {name: i for i, name in enumerate(FIELDS)}
 ACTIVATION_CODES = {"": 0, "relu": 1, "leaky_relu": 2, "clip": 3}
 #: ``bias_kind`` codes.
 BIAS_NONE, BIAS_PER_ROW, BIAS_PER_COLUMN = 0, 1, 2
+
+#: Runs of output rows one panel of a convolution's pixels may span and still be packed
+#: as vectors (``panel_run`` counts them; more, and the panel is gathered element-wise).
+MAX_SEGMENTS = 4
 
 #: The library function's name (kernels declare it and call it).
 SGEMM = "egraft_sgemm"
@@ -385,6 +389,7 @@ def _library_module(blk: Blocking) -> str:
     k_off, k_h, k_w, n_h, n_w, panel_run = (iptr(x) for x in ("k_off", "k_h", "k_w", "n_h", "n_w", "panel_run"))
     height, width = field("height"), field("width")
     run_stride = field("run_stride")
+    segments = iptr("segments")
     c, ldc = fptr("c"), field("ldc")
     bias, bias_kind = fptr("bias"), field("bias_kind")
     res, ldr = fptr("res"), field("ldr")
@@ -422,7 +427,7 @@ def _library_module(blk: Blocking) -> str:
             pc = b.mul(pb, k_step)
             kc = e.max(e.min(k_step, b.sub(k, pc)), e.i64(0))
             _pack_b(e, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
-                    run_stride, height, width)
+                    segments, run_stride, height, width)
             first = b.icmp_signed("==", pb, e.i64(0))
             last = b.icmp_signed("==", pb, b.sub(k_blocks, e.i64(1)))
             with e.loop(i_lo, i_hi, mcb, name="ic") as ic:
@@ -467,7 +472,7 @@ def _pack_a(e: _Emitter, abuf, ic, mc, pc, kc, a, a_rs, a_cs) -> None:
 
 
 def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
-            run_stride, height, width) -> None:
+            segments, run_stride, height, width) -> None:
     """``bbuf[q][kk][jj] = B[pc + kk, jc + q*NR + jj]`` (zero past ``nc``), from a strided
     matrix or from the image (implicit im2col)."""
     b, nr, vw = e.b, e.blk.nr, e.blk.vw
@@ -478,50 +483,8 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
         full = b.icmp_signed("<=", b.add(q0, e.i64(nr)), nc)
         with b.if_else(is_conv) as (conv_case, matrix_case):
             with conv_case:
-                run = b.and_(full, b.icmp_signed("!=", b.load(b.gep(panel_run, [b.sdiv(j0, e.i64(nr))])), e.i64(0)))
-                nh0 = b.load(b.gep(n_h, [j0]))
-                nw0 = b.load(b.gep(n_w, [j0]))
-                with e.loop(0, kc, name="pbk") as kk:
-                    kidx = b.add(pc, kk)
-                    koff, kh, kw = (b.load(b.gep(t, [kidx])) for t in (k_off, k_h, k_w))
-                    dst = b.add(base, b.mul(kk, e.i64(nr)))
-                    ih = b.add(nh0, kh)
-                    iw = b.add(nw0, kw)
-                    row_inside = b.and_(b.icmp_signed(">=", ih, e.i64(0)), b.icmp_signed("<", ih, height))
-                    inside = b.and_(b.icmp_signed(">=", iw, e.i64(0)), b.icmp_signed("<=", b.add(iw, e.i64(nr)), width))
-                    with b.if_else(run) as (in_row, slow):
-                        with in_row:  # one run of the input row: whole vectors, masked at its ends
-                            src = b.add(koff, b.add(b.mul(nh0, width), nw0))
-                            with b.if_then(b.icmp_signed("==", run_stride, e.i64(2))):  # every other column
-                                for h in range(nr // vw):
-                                    wide = _masked_row(e, bmat, b.add(src, e.i64(2 * h * vw)),
-                                                       b.add(iw, e.i64(2 * h * vw)), width, row_inside, 2 * vw)
-                                    e.vstore(_evens(e, wide), bbuf, b.add(dst, e.i64(h * vw)), align=32)
-                            unit = b.icmp_signed("==", run_stride, e.i64(1))
-                            with b.if_else(b.and_(unit, b.and_(row_inside, inside))) as (whole, border):
-                                with whole:
-                                    for h in range(nr // vw):
-                                        e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf,
-                                                 b.add(dst, e.i64(h * vw)), align=32)
-                                with border, b.if_then(unit):
-                                    for h in range(nr // vw):
-                                        value = _masked_row(e, bmat, b.add(src, e.i64(h * vw)),
-                                                            b.add(iw, e.i64(h * vw)), width, row_inside)
-                                        e.vstore(value, bbuf, b.add(dst, e.i64(h * vw)), align=32)
-                        with slow:
-                            for jj in range(nr):
-                                j = b.add(j0, e.i64(jj))
-                                in_n = b.icmp_signed("<", e.i64(jj), b.sub(nc, q0))
-                                jc_ = b.select(in_n, j, e.i64(0))
-                                y = b.add(b.load(b.gep(n_h, [jc_])), kh)
-                                x = b.add(b.load(b.gep(n_w, [jc_])), kw)
-                                ok = b.and_(in_n, b.and_(
-                                    b.and_(b.icmp_signed(">=", y, e.i64(0)), b.icmp_signed("<", y, height)),
-                                    b.and_(b.icmp_signed(">=", x, e.i64(0)), b.icmp_signed("<", x, width))))
-                                src = b.select(ok, b.add(koff, b.add(b.mul(b.load(b.gep(n_h, [jc_])), width),
-                                                                    b.load(b.gep(n_w, [jc_])))), e.i64(0))
-                                v = b.load(b.gep(bmat, [src]))
-                                b.store(b.select(ok, v, e.f32(0.0)), b.gep(bbuf, [b.add(dst, e.i64(jj))]))
+                _pack_conv_panel(e, bbuf, base, j0, q0, nc, full, pc, kc, bmat, k_off, k_h, k_w, n_h, n_w, panel_run,
+                                 segments, run_stride, height, width)
             with matrix_case:
                 contiguous = b.and_(full, b.icmp_signed("==", b_cs, e.i64(1)))
                 with e.loop(0, kc, name="pbm") as kk:
@@ -541,18 +504,98 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
     del zero_v
 
 
-def _masked_row(e: _Emitter, bmat, src, iw, width, row_inside, lanes: int | None = None) -> ir.Value:
-    """``lanes`` (default ``VW``) input elements from ``bmat[src..]`` whose columns
-    ``iw + lane`` are inside ``[0, width)`` (and the row inside the image), zero
-    elsewhere; outside lanes are not read."""
+def _pack_conv_panel(e: _Emitter, bbuf, base, j0, q0, nc, full, pc, kc, bmat, k_off, k_h, k_w, n_h, n_w, panel_run,
+                     segments, run_stride, height, width) -> None:
+    """One panel of the implicit im2col matrix: ``NR`` output pixels (``j0..``) times the
+    block's taps. The panel's pixels lie in ``panel_run[q]`` runs of output rows
+    (segments, at most :data:`MAX_SEGMENTS`; 0: too many, or a stride over 2): each run
+    reads one input row with unit or double stride, as vectors (masked at the padding and
+    at the run's ends). A whole-vector run inside the image is plain loads; a panel with
+    no runs is gathered element by element."""
+    b, nr, vw = e.b, e.blk.nr, e.blk.vw
+    q = b.sdiv(j0, e.i64(nr))
+    runs = b.load(b.gep(panel_run, [q]))
+    first = b.gep(segments, [b.mul(q, e.i64(4 * MAX_SEGMENTS))])
+    ls0, le0, nh0, nw0 = (b.load(b.gep(first, [e.i64(f)])) for f in range(4))
+    whole_run = b.and_(b.and_(full, b.icmp_signed("==", runs, e.i64(1))),
+                       b.and_(b.icmp_signed("==", run_stride, e.i64(1)), b.icmp_signed("==", le0, e.i64(nr))))
+    del ls0
+    with e.loop(0, kc, name="pbk") as kk:
+        kidx = b.add(pc, kk)
+        koff, kh, kw = (b.load(b.gep(t, [kidx])) for t in (k_off, k_h, k_w))
+        dst = b.add(base, b.mul(kk, e.i64(nr)))
+        ih, iw = b.add(nh0, kh), b.add(nw0, kw)
+        inside = b.and_(b.and_(b.icmp_signed(">=", ih, e.i64(0)), b.icmp_signed("<", ih, height)),
+                        b.and_(b.icmp_signed(">=", iw, e.i64(0)), b.icmp_signed("<=", b.add(iw, e.i64(nr)), width)))
+        with b.if_else(b.and_(whole_run, inside)) as (whole, other):
+            with whole:
+                src = b.add(koff, b.add(b.mul(nh0, width), nw0))
+                for h in range(nr // vw):
+                    e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf, b.add(dst, e.i64(h * vw)), align=32)
+            with other:
+                with b.if_else(b.icmp_signed(">", runs, e.i64(0))) as (in_runs, scattered):
+                    with in_runs:
+                        for h in range(nr // vw):
+                            value = _runs_vector(e, h, first, runs, koff, kh, kw, bmat, run_stride, height, width)
+                            e.vstore(value, bbuf, b.add(dst, e.i64(h * vw)), align=32)
+                    with scattered:
+                        for jj in range(nr):
+                            j = b.add(j0, e.i64(jj))
+                            in_n = b.icmp_signed("<", e.i64(jj), b.sub(nc, q0))
+                            jc_ = b.select(in_n, j, e.i64(0))
+                            y = b.add(b.load(b.gep(n_h, [jc_])), kh)
+                            x = b.add(b.load(b.gep(n_w, [jc_])), kw)
+                            ok = b.and_(in_n, b.and_(
+                                b.and_(b.icmp_signed(">=", y, e.i64(0)), b.icmp_signed("<", y, height)),
+                                b.and_(b.icmp_signed(">=", x, e.i64(0)), b.icmp_signed("<", x, width))))
+                            src = b.select(ok, b.add(koff, b.add(b.mul(b.load(b.gep(n_h, [jc_])), width),
+                                                                b.load(b.gep(n_w, [jc_])))), e.i64(0))
+                            v = b.load(b.gep(bmat, [src]))
+                            b.store(b.select(ok, v, e.f32(0.0)), b.gep(bbuf, [b.add(dst, e.i64(jj))]))
+
+
+def _runs_vector(e: _Emitter, h: int, first, runs, koff, kh, kw, bmat, run_stride, height, width) -> ir.Value:
+    """Lanes ``h*VW ..`` of a panel row from its runs: each run ``(ls, le, nh, nw)`` gives
+    lanes ``ls <= g < le`` the input at row ``nh + kh``, column ``nw + (g - ls) * stride + kw``
+    (zero outside the image)."""
+    b, vw = e.b, e.blk.vw
+    vi64 = ir.VectorType(I64, vw)
+    lanes = ir.Constant(vi64, [h * vw + i for i in range(vw)])
+    slot = e.alloca(e.vt, name="runs")
+    b.store(ir.Constant(e.vt, [0.0] * vw), slot)
+    for seg in range(MAX_SEGMENTS):
+        with b.if_then(b.icmp_signed("<", e.i64(seg), runs)):
+            record = b.gep(first, [e.i64(4 * seg)])
+            ls, le, nh, nw = (b.load(b.gep(record, [e.i64(f)])) for f in range(4))
+            row = b.add(nh, kh)
+            row_ok = b.and_(b.icmp_signed(">=", row, e.i64(0)), b.icmp_signed("<", row, height))
+            in_run = b.and_(b.icmp_signed(">=", lanes, e.splat(ls)), b.icmp_signed("<", lanes, e.splat(le)))
+            steps = b.mul(b.sub(lanes, e.splat(ls)), e.splat(run_stride))
+            columns = b.add(e.splat(b.add(nw, kw)), steps)
+            col_ok = b.and_(b.icmp_signed(">=", columns, ir.Constant(vi64, [0] * vw)),
+                            b.icmp_signed("<", columns, e.splat(width)))
+            mask = b.and_(b.and_(in_run, col_ok), e.splat(row_ok))
+            # the element of global lane g is at start + g * stride
+            start = b.sub(b.add(koff, b.add(b.mul(nh, width), nw)), b.mul(ls, run_stride))
+            with b.if_else(b.icmp_signed("==", run_stride, e.i64(1))) as (unit, double):
+                with unit:
+                    value = _masked_load(e, bmat, b.add(start, e.i64(h * vw)), mask, vw)
+                    b.store(b.select(mask, value, b.load(slot)), slot)
+                with double:
+                    doubled = ir.Constant(ir.VectorType(I32, 2 * vw), [i // 2 for i in range(2 * vw)])
+                    wide_mask = b.shuffle_vector(mask, ir.Constant(mask.type, None), doubled)
+                    wide_mask = b.and_(wide_mask, ir.Constant(ir.VectorType(I1, 2 * vw),
+                                                              [int(i % 2 == 0) for i in range(2 * vw)]))
+                    value = _evens(e, _masked_load(e, bmat, b.add(start, e.i64(2 * h * vw)), wide_mask, 2 * vw))
+                    b.store(b.select(mask, value, b.load(slot)), slot)
+    return b.load(slot)
+
+
+def _masked_load(e: _Emitter, ptr, index, mask, lanes: int) -> ir.Value:
+    """``lanes`` floats from ``ptr[index..]`` where ``mask`` is set (zero elsewhere, not read)."""
     b = e.b
-    lanes = lanes or e.blk.vw
-    vi64, vt = ir.VectorType(I64, lanes), ir.VectorType(F32, lanes)
-    columns = b.add(e.splat(iw, lanes), ir.Constant(vi64, list(range(lanes))))
-    inside = b.icmp_signed(">=", columns, ir.Constant(vi64, [0] * lanes))
-    mask = b.and_(inside, b.icmp_signed("<", columns, e.splat(width, lanes)))
-    mask = b.and_(mask, e.splat(row_inside, lanes))
-    pointer = b.bitcast(b.gep(bmat, [src]), vt.as_pointer())
+    vt = ir.VectorType(F32, lanes)
+    pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
     name = f"llvm.masked.load.v{lanes}f32.p0"
     module = e.fn.module
     fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(vt, [pointer.type, I32, mask.type, vt]), name)
