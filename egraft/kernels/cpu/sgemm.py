@@ -517,8 +517,9 @@ def _pack_conv_panel(e: _Emitter, bbuf, base, j0, q0, nc, full, pc, kc, bmat, k_
     runs = b.load(b.gep(panel_run, [q]))
     first = b.gep(segments, [b.mul(q, e.i64(4 * MAX_SEGMENTS))])
     ls0, le0, nh0, nw0 = (b.load(b.gep(first, [e.i64(f)])) for f in range(4))
-    whole_run = b.and_(b.and_(full, b.icmp_signed("==", runs, e.i64(1))),
-                       b.and_(b.icmp_signed("==", run_stride, e.i64(1)), b.icmp_signed("==", le0, e.i64(nr))))
+    whole_run = b.and_(b.and_(full, b.icmp_signed("==", runs, e.i64(1))), b.icmp_signed("==", le0, e.i64(nr)))
+    unit = b.icmp_signed("==", run_stride, e.i64(1))
+    span = b.add(b.mul(e.i64(nr - 1), run_stride), e.i64(1))  # input columns a whole run covers
     del ls0
     with e.loop(0, kc, name="pbk") as kk:
         kidx = b.add(pc, kk)
@@ -526,12 +527,20 @@ def _pack_conv_panel(e: _Emitter, bbuf, base, j0, q0, nc, full, pc, kc, bmat, k_
         dst = b.add(base, b.mul(kk, e.i64(nr)))
         ih, iw = b.add(nh0, kh), b.add(nw0, kw)
         inside = b.and_(b.and_(b.icmp_signed(">=", ih, e.i64(0)), b.icmp_signed("<", ih, height)),
-                        b.and_(b.icmp_signed(">=", iw, e.i64(0)), b.icmp_signed("<=", b.add(iw, e.i64(nr)), width)))
+                        b.and_(b.icmp_signed(">=", iw, e.i64(0)), b.icmp_signed("<=", b.add(iw, span), width)))
         with b.if_else(b.and_(whole_run, inside)) as (whole, other):
-            with whole:
+            with whole:  # plain loads (every other lane of double-width ones for stride 2)
                 src = b.add(koff, b.add(b.mul(nh0, width), nw0))
-                for h in range(nr // vw):
-                    e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf, b.add(dst, e.i64(h * vw)), align=32)
+                with b.if_else(unit) as (ones, twos):
+                    with ones:
+                        for h in range(nr // vw):
+                            e.vstore(e.vload(bmat, b.add(src, e.i64(h * vw))), bbuf, b.add(dst, e.i64(h * vw)),
+                                     align=32)
+                    with twos:
+                        wide = ir.VectorType(F32, 2 * vw)
+                        for h in range(nr // vw):
+                            at = b.bitcast(b.gep(bmat, [b.add(src, e.i64(2 * h * vw))]), wide.as_pointer())
+                            e.vstore(_evens(e, b.load(at, align=4)), bbuf, b.add(dst, e.i64(h * vw)), align=32)
             with other:
                 with b.if_else(b.icmp_signed(">", runs, e.i64(0))) as (in_runs, scattered):
                     with in_runs:
@@ -559,8 +568,12 @@ def _runs_vector(e: _Emitter, h: int, first, runs, koff, kh, kw, bmat, run_strid
     lanes ``ls <= g < le`` the input at row ``nh + kh``, column ``nw + (g - ls) * stride + kw``
     (zero outside the image)."""
     b, vw = e.b, e.blk.vw
-    vi64 = ir.VectorType(I64, vw)
-    lanes = ir.Constant(vi64, [h * vw + i for i in range(vw)])
+    vi32 = ir.VectorType(I32, vw)  # lane and column arithmetic in i32: one register per vector on AVX2
+
+    def i32(x: ir.Value) -> ir.Value:
+        return e.splat(b.trunc(x, I32))
+
+    lanes = ir.Constant(vi32, [h * vw + i for i in range(vw)])
     slot = e.alloca(e.vt, name="runs")
     b.store(ir.Constant(e.vt, [0.0] * vw), slot)
     for seg in range(MAX_SEGMENTS):
@@ -569,11 +582,11 @@ def _runs_vector(e: _Emitter, h: int, first, runs, koff, kh, kw, bmat, run_strid
             ls, le, nh, nw = (b.load(b.gep(record, [e.i64(f)])) for f in range(4))
             row = b.add(nh, kh)
             row_ok = b.and_(b.icmp_signed(">=", row, e.i64(0)), b.icmp_signed("<", row, height))
-            in_run = b.and_(b.icmp_signed(">=", lanes, e.splat(ls)), b.icmp_signed("<", lanes, e.splat(le)))
-            steps = b.mul(b.sub(lanes, e.splat(ls)), e.splat(run_stride))
-            columns = b.add(e.splat(b.add(nw, kw)), steps)
-            col_ok = b.and_(b.icmp_signed(">=", columns, ir.Constant(vi64, [0] * vw)),
-                            b.icmp_signed("<", columns, e.splat(width)))
+            in_run = b.and_(b.icmp_signed(">=", lanes, i32(ls)), b.icmp_signed("<", lanes, i32(le)))
+            steps = b.mul(b.sub(lanes, i32(ls)), i32(run_stride))
+            columns = b.add(i32(b.add(nw, kw)), steps)
+            col_ok = b.and_(b.icmp_signed(">=", columns, ir.Constant(vi32, [0] * vw)),
+                            b.icmp_signed("<", columns, i32(width)))
             mask = b.and_(b.and_(in_run, col_ok), e.splat(row_ok))
             # the element of global lane g is at start + g * stride
             start = b.sub(b.add(koff, b.add(b.mul(nh, width), nw)), b.mul(ls, run_stride))
