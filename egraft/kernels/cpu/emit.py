@@ -275,7 +275,12 @@ class MathEmitter:
         return ir.Function(self.module, ir.FunctionType(t, [t] * arity), name)
 
     def _intrinsic(self, base: str, x: ir.Value, *more: ir.Value) -> ir.Value:
-        suffix = "f32" if x.type == F32 else "f64"
+        """``llvm.<base>`` on scalars or vectors (the name's suffix follows the type)."""
+        t = x.type
+        element = t.element if isinstance(t, ir.VectorType) else t
+        suffix = "f32" if element == F32 else "f64"
+        if isinstance(t, ir.VectorType):
+            suffix = f"v{t.count}{suffix}"
         return self.b.call(self._function(f"llvm.{base}.{suffix}", x.type, 1 + len(more)), [x, *more])
 
     def _libm(self, base: str, x: ir.Value) -> ir.Value:

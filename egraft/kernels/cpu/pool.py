@@ -4,9 +4,11 @@ pads, strides, dilations, ceil_mode, auto_pad, count_include_pad), ``GlobalAvera
 
 The windowed pools run one output row at a time, like the direct convolution in
 :mod:`egraft.kernels.cpu.conv`: the valid kernel rows of each output row come from
-compile-time tables, and each kernel column is combined into the output row over the
-columns where it is inside the input (compile-time bounds), so the innermost loop runs
-over contiguous outputs without a padding branch. AveragePool then divides by the window
+compile-time tables. The interior columns (every tap inside the input) are computed a
+vector of outputs at a time, each tap one load (every ``stride``-th lane of a wider load
+for strides up to 3); at the borders each kernel column is combined into the output row
+over the columns where it is inside the input (compile-time bounds), so those loops run
+without a padding branch. AveragePool then divides by the window
 counts, a compile-time table computed by the reference kernel's own helper.
 
 Example: ``MaxPool(x: f32[batch, 64, 112, 112]) {kernel_shape = [3, 3], strides = [2, 2],
@@ -26,6 +28,7 @@ from egraft.ir.ops.nn_spatial import _pool_window, _Window, _window_counts
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.conv import affine, const64, constant_table, output_range, tap_range
 from egraft.kernels.cpu.emit import KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Float flags that let LLVM reorder a sum (vectorized reductions).
 REASSOC = ("reassoc", "contract")
@@ -125,24 +128,54 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
     kh_hi = constant_table(ctx, "kh_hi", [geo.row_taps(oh)[1] for oh in range(geo.out_h)])
     count_table = constant_table(ctx, "counts", counts.tolist(), t) if counts is not None else None
     first = ir.Constant(t, start)
+    # the interior columns (every tap inside the input) go a vector of outputs at a time
+    width = host_vector_bits() // (8 * (4 if t == ir.FloatType() else 8))
+    ranges = [geo.column_range(kw) for kw in range(geo.k_w)]
+    vector_lo, vector_hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
+    if geo.stride_w > 3 or geo.dil_w != 1 or vector_hi - vector_lo < width:
+        vector_lo = vector_hi = 0
+    vector_hi = vector_lo + (vector_hi - vector_lo) // width * width
     with ctx.loop(ctx.dim(geo.batch_channels), name="nc") as nc:
         with ctx.loop(geo.out_h, name="oh") as oh:
             y_row = affine(b, [(nc, geo.out_h * geo.out_w), (oh, geo.out_w)])
             with ctx.loop(geo.out_w, name="ow0") as ow:
                 b.store(first, b.gep(y, [b.add(y_row, ow)]))
             lo, hi = b.load(b.gep(kh_lo, [oh])), b.load(b.gep(kh_hi, [oh]))
+
+            def x_row_at(kh: ir.Value) -> ir.Value:
+                return affine(b, [(nc, geo.in_h * geo.in_w), (oh, geo.stride_h * geo.in_w),
+                                  (kh, geo.dil_h * geo.in_w)], -geo.pad_h * geo.in_w)
+
             with ctx.loop(hi, name="kh", start=lo) as kh:
-                x_row = affine(b, [(nc, geo.in_h * geo.in_w), (oh, geo.stride_h * geo.in_w),
-                                   (kh, geo.dil_h * geo.in_w)], -geo.pad_h * geo.in_w)
+                x_row = x_row_at(kh)
                 for kw in range(geo.k_w):
                     col_lo, col_hi = geo.column_range(kw)
-                    if col_hi <= col_lo:
-                        continue
                     x_tap = b.add(x_row, const64(kw * geo.dil_w - geo.pad_w))
-                    with ctx.loop(col_hi, name="ow", start=col_lo) as ow:
-                        out = b.gep(y, [b.add(y_row, ow)])
-                        value = b.load(b.gep(x, [b.add(x_tap, affine(b, [(ow, geo.stride_w)]))]))
-                        b.store(combine(b, ctx.math, b.load(out), value), out)
+                    for part_lo, part_hi in ((col_lo, min(col_hi, vector_lo)), (max(col_lo, vector_hi), col_hi)):
+                        if part_hi <= part_lo:
+                            continue
+                        with ctx.loop(part_hi, name="ow", start=part_lo) as ow:
+                            out = b.gep(y, [b.add(y_row, ow)])
+                            value = b.load(b.gep(x, [b.add(x_tap, affine(b, [(ow, geo.stride_w)]))]))
+                            b.store(combine(b, ctx.math, b.load(out), value), out)
+            if vector_hi > vector_lo:  # interior columns, a vector of outputs at a time, every tap inside
+                vt = ir.VectorType(t, width)
+                wide = ir.VectorType(t, (width - 1) * geo.stride_w + 1)  # not one element past the last tap
+                every = ir.Constant(ir.VectorType(ir.IntType(32), width), [i * geo.stride_w for i in range(width)])
+                acc = ctx.alloca(vt, name="pool.acc")
+                with ctx.loop((vector_hi - vector_lo) // width, name="ov") as v:
+                    ow0 = b.add(const64(vector_lo), b.mul(v, const64(width)))
+                    b.store(ir.Constant(vt, [start] * width), acc)
+                    with ctx.loop(hi, name="khv", start=lo) as kh:
+                        x_row = x_row_at(kh)
+                        for kw in range(geo.k_w):
+                            src = b.add(b.add(x_row, const64(kw * geo.dil_w - geo.pad_w)),
+                                        b.mul(ow0, const64(geo.stride_w)))
+                            lanes = b.load(b.bitcast(b.gep(x, [src]), wide.as_pointer()), align=4)
+                            if geo.stride_w > 1:
+                                lanes = b.shuffle_vector(lanes, ir.Constant(wide, None), every)
+                            b.store(combine(b, ctx.math, b.load(acc), lanes), acc)
+                    b.store(b.load(acc), b.bitcast(b.gep(y, [b.add(y_row, ow0)]), vt.as_pointer()), align=4)
             if count_table is not None:
                 count_row = b.mul(oh, const64(geo.out_w))
                 with ctx.loop(geo.out_w, name="ow1") as ow:
