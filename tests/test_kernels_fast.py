@@ -175,6 +175,25 @@ def test_conv_as_products_matches_onnxruntime(x_shape, w_shape, attrs):
         assert scale_relative_error(compiled.run({"x": x})["y"], want) <= 1e-5
 
 
+DEPTHWISE_CASES = [
+    ((1, 8, 56, 56), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 5, 31, 47), {"strides": [2, 2], "pads": [0, 1, 2, 1]}),
+    ((1, 4, 40, 70), {"strides": [3, 3], "pads": [1, 1, 1, 1], "dilations": [2, 1]}),
+]
+
+
+@pytest.mark.parametrize("x_shape, attrs", DEPTHWISE_CASES)
+def test_strided_depthwise_conv_matches_onnxruntime(x_shape, attrs):
+    """Depthwise convolutions stay on the direct kernel; strides 2 and 3 run their interior
+    columns as vectors of strided lanes."""
+    c = x_shape[1]
+    x, w, b = randn(*x_shape), randn(c, 1, 3, 3), randn(c)
+    model = conv_model(w, b, {**attrs, "group": c}, x_shape)
+    compiled = compile_graph(egraft.load(model))
+    assert not compiled.steps[0].parallel  # the direct kernel, not the products
+    assert scale_relative_error(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"]) <= 1e-5
+
+
 def reference(x, w, b, attrs, activation="", z=None, alpha=0.1):
     """onnxruntime's Conv (+ Z) (+ the activation) with every operand a graph input."""
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]

@@ -272,6 +272,10 @@ class ConvEmitter:
         self.kh_lo = constant_table(ctx, "kh_lo", [g.row_taps(oh)[0] for oh in range(g.out_h)])
         self.kh_hi = constant_table(ctx, "kh_hi", [g.row_taps(oh)[1] for oh in range(g.out_h)])
         self.vectorized = g.stride_w == 1 and g.out_w >= self.width
+        # strides 2 and 3: the interior columns as vectors of strided lanes (depthwise convolutions)
+        lo, hi = g.interior()
+        self.strided_span = (lo, lo + (hi - lo) // self.width * self.width) \
+            if 2 <= g.stride_w <= 3 and g.dil_w == 1 and hi - lo >= self.width else None
 
     # -- the loop nest
     def emit(self) -> None:
@@ -297,6 +301,11 @@ class ConvEmitter:
             row = _Row(n, grp, oc0, block, oh, kh_lo, kh_hi)
             if self.vectorized:
                 self.emit_tiles(row)
+            elif self.strided_span is not None:
+                lo, hi = self.strided_span
+                self.emit_columns(row, 0, lo)
+                self.emit_strided_vectors(row, lo, hi)
+                self.emit_columns(row, hi, g.out_w)
             else:
                 self.emit_columns(row, 0, g.out_w)
             if self.z is not None or self.operands.activation:
@@ -358,6 +367,36 @@ class ConvEmitter:
                             out = b.gep(self.y, [b.add(y_row, ow)])
                             value = b.load(b.gep(self.x, [b.add(x_tap, affine(b, [(ow, g.stride_w)]))]))
                             b.store(b.fadd(b.load(out), b.fmul(weight, value, flags=CONTRACT), flags=CONTRACT), out)
+
+    # -- vectors of strided lanes (horizontal stride 2 or 3), interior columns only
+    def emit_strided_vectors(self, row: _Row, start: int, stop: int) -> None:
+        """Output columns ``[start, stop)`` (every tap inside the input, a whole number of
+        vectors) of ``row``: per vector, each tap is one load of ``(width - 1) * stride + 1``
+        input elements whose every ``stride``-th lane is used, times the broadcast weight."""
+        g, b, ctx, width = self.geo, self.b, self.ctx, self.width
+        vt = ir.VectorType(self.t, width)
+        wide = ir.VectorType(self.t, (width - 1) * g.stride_w + 1)
+        lanes = ir.Constant(ir.VectorType(ir.IntType(32), width), [i * g.stride_w for i in range(width)])
+        acc = ctx.alloca(vt, name="acc.strided")
+        with ctx.loop(row.block, name="js") as j:
+            oc = b.add(row.oc0, j)
+            y_row = self.y_row(row, oc)
+            bias = splat(b, self.bias_value(oc), width)
+            with ctx.loop((stop - start) // width, name="vs") as v:
+                ow0 = b.add(const64(start), b.mul(v, const64(width)))
+                b.store(bias, acc)
+                with ctx.loop(g.group_in, name="ics") as ic:
+                    x_channel = self.x_channel(row, ic)
+                    with ctx.loop(row.kh_hi, name="khs", start=row.kh_lo) as kh:
+                        x_row = b.add(self.input_row(row, x_channel, kh), b.mul(ow0, const64(g.stride_w)))
+                        w_row = self.weight_row(oc, ic, kh)
+                        for kw in range(g.k_w):
+                            weight = splat(b, b.load(b.gep(self.w, [b.add(w_row, const64(kw))])), width)
+                            at = b.add(x_row, const64(kw * g.dil_w - g.pad_w))
+                            loaded = b.load(b.bitcast(b.gep(self.x, [at]), wide.as_pointer()), align=self.t_size)
+                            value = b.shuffle_vector(loaded, ir.Constant(wide, None), lanes)
+                            b.store(fmuladd(ctx, weight, value, b.load(acc)), acc)
+                b.store(b.load(acc), b.bitcast(b.gep(self.y, [b.add(y_row, ow0)]), vt.as_pointer()), align=self.t_size)
 
     # -- vector tiles (unit horizontal stride)
     def tile_plan(self) -> tuple[tuple[int, int], list[tuple[int, int]]]:
