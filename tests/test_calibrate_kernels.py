@@ -68,11 +68,15 @@ def test_the_fit_tolerates_noise_and_a_wild_outlier():
     assert 1.0 < conv.error < 2.0  # the outlier alone is 30 ** (1 / 7) = 1.63x of it
 
 
-def test_a_family_whose_kernels_are_all_compute_bound_keeps_its_bandwidth_near_one():
-    samples = synthetic_samples(TRUTH, "gemm", [(1e9, 1e5), (5e8, 1e5)])
+def test_a_number_the_samples_do_not_determine_stays_near_one():
+    samples = synthetic_samples(TRUTH, "gemm", [(1e9, 1e5), (5e8, 1e5)])  # compute-bound only
     gemm = fit_families(samples, MACHINE)["gemm"]
     assert gemm.efficiency == pytest.approx(0.85, rel=0.01)
-    assert 0.5 < gemm.bandwidth_efficiency < 2.0
+    assert gemm.bandwidth_efficiency == pytest.approx(1.0, rel=0.05)
+    # one sample fits a whole curve of pairs: the one nearest to (1, 1) wins
+    one = synthetic_samples(TRUTH, "conv", [(5e7, 5e5)])
+    conv = fit_families(one, MACHINE)["conv"]
+    assert conv.efficiency == pytest.approx(0.6, rel=0.01) and conv.bandwidth_efficiency == pytest.approx(1.0, rel=0.05)
 
 
 def test_the_fitted_profile_is_saved_read_back_and_changes_the_cost_model():
@@ -97,6 +101,9 @@ def test_the_fitted_profile_is_saved_read_back_and_changes_the_cost_model():
     assert after.settings()["profile"]["bandwidth_efficiency"]["elementwise"] == 2.5
     # the fitted profile predicts the samples it was fitted to
     assert fit_error(loaded, _samples()) == pytest.approx(1.0, abs=0.01)
+    # conv's variants were not measured: they take conv's fit, so that they do not look cheaper
+    assert loaded.efficiency["conv_nhwc"] == loaded.efficiency["conv"] == 0.6
+    assert loaded.bandwidth_efficiency["conv_nchwc"] == 0.4 and loaded.efficiency["winograd"] == 0.6
 
 
 def test_a_profile_without_bandwidth_efficiencies_prints_as_before():
@@ -118,10 +125,10 @@ def test_predict_us_is_the_roofline_formula():
     assert FamilyFit("conv", 1, 0.5, 1.0, 1.0, 2.0).family == "conv"
 
 
-def test_the_quick_cases_cover_every_family_with_a_kernel_once():
+def test_the_quick_cases_cover_every_family_that_computes_once():
     quick = kernel_cases(quick=True)
     families = [c.family for c in quick]
-    assert len(families) == len(set(families)) == 10
+    assert len(families) == len(set(families)) == 12  # every family but view and other
     assert len(kernel_cases()) > 3 * len(quick)
 
 

@@ -13,9 +13,10 @@ per-step timing, and keeps, per kernel step, the median time next to the step's
 
 minimizing the mean absolute log error (a kernel 2x too slow counts as much as one 2x
 too fast, and one kernel 20x off, such as a transcendental function among additions, does
-not drag the whole family), with a slight pull towards 1 so that a number the samples cannot see (the
-efficiency of a family whose kernels are all memory-bound) stays where it was. Families
-with no flops (layout, data) get a bandwidth efficiency only.
+not drag the whole family); among near-equal fits the one nearest to 1 wins, so that a
+number the samples cannot see (the efficiency of a family whose kernels are all
+memory-bound) stays near 1. Families with no flops (layout, data) get a bandwidth
+efficiency only; an unmeasured variant family takes its parent's fit (:data:`VARIANT_OF`).
 
 Example:
     >>> from egraft.extract.profiles import Profile
@@ -45,12 +46,15 @@ from egraft.ir.work import Work
 #: of the peak), the bandwidth efficiency in [BANDWIDTH_RANGE] (above 1: data in cache).
 EFFICIENCY_RANGE = (1e-3, 1.0)
 BANDWIDTH_RANGE = (1e-2, 16.0)
-#: Weight of the pull of log(parameter) towards log(1) (breaks ties, never wins a fit).
+#: Among near-equal fits, the loss still breaks ties between equally near-to-1 points.
 PRIOR_WEIGHT = 1e-4
 #: Seconds each case is timed for (at least MIN_RUNS, at most MAX_RUNS runs).
 SECONDS_PER_CASE, MIN_RUNS, MAX_RUNS = 0.25, 5, 40
-#: Families that a kernel-measured profile records in its ``source``.
+#: What a kernel-measured profile records in its ``source``.
 SOURCE_TAG = "kernels measured"
+#: A family with no samples takes the fit of the family it is a variant of, so that the
+#: two keep their relative cost (an unmeasured variant left at 1.0 would look cheap).
+VARIANT_OF = {"conv_nhwc": "conv", "conv_nchwc": "conv", "winograd": "conv", "attention": "gemm"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class KernelSample:
         flops / bytes: arithmetic and memory traffic (reads plus writes) of the step.
         launches: kernels it starts.
         measured_us: median microseconds over the timed runs.
+        kind: ``kernel`` (generated code) or ``fallback`` (a reference kernel).
     """
 
     case: str
@@ -73,6 +78,7 @@ class KernelSample:
     bytes: float
     launches: int
     measured_us: float
+    kind: str = "kernel"
 
 
 @dataclass(frozen=True)
@@ -123,9 +129,16 @@ def _log_grid(lo: float, hi: float, points: int) -> np.ndarray:
     return np.linspace(math.log(lo), math.log(hi), points)
 
 
+#: The fit's grids: (points per axis, loss tolerance). Among the points whose loss is within
+#: the tolerance of the best, the one nearest to 1 wins, so that a number the samples do
+#: not determine (one sample fits a whole curve of pairs) stays near 1, not wherever the
+#: grid happened to fall.
+_STAGES = ((161, 0.02), (41, 2e-3), (41, 1e-4), (41, 1e-5))
+
+
 def _fit_one(samples: Sequence[KernelSample], base: Profile) -> tuple[float, float]:
-    """(efficiency, bandwidth efficiency) minimizing the mean absolute log error: a coarse grid
-    over both logs, then finer grids around the best point."""
+    """(efficiency, bandwidth efficiency) minimizing the mean absolute log error: a grid
+    over both logs, then finer grids around the chosen point."""
     flops = np.array([s.flops for s in samples])
     traffic = np.array([s.bytes for s in samples])
     fixed = np.array([s.launches * base.launch_us for s in samples])
@@ -133,22 +146,26 @@ def _fit_one(samples: Sequence[KernelSample], base: Profile) -> tuple[float, flo
     compute_us = flops / (base.peak_gflops * 1e3)
     traffic_us = traffic / (base.bandwidth_gbs * 1e3)
     has_flops = bool(np.any(flops > 0))
-    eff_lo, eff_hi = (math.log(v) for v in EFFICIENCY_RANGE)
-    bw_lo, bw_hi = (math.log(v) for v in BANDWIDTH_RANGE)
-    e_axis = _log_grid(*EFFICIENCY_RANGE, 61) if has_flops else np.zeros(1)
-    b_axis = _log_grid(*BANDWIDTH_RANGE, 61)
-    for _ in range(4):
+    e_range = [math.log(v) for v in EFFICIENCY_RANGE] if has_flops else [0.0, 0.0]
+    b_range = [math.log(v) for v in BANDWIDTH_RANGE]
+    for points, tolerance in _STAGES:
+        e_axis = np.linspace(*e_range, points if has_flops else 1)
+        b_axis = np.linspace(*b_range, points)
         le, lb = np.meshgrid(e_axis, b_axis, indexing="ij")
         predicted = np.maximum(compute_us[None, None, :] / np.exp(le)[..., None],
                                traffic_us[None, None, :] / np.exp(lb)[..., None]) + fixed[None, None, :]
-        loss = np.abs(np.log(np.maximum(predicted, 1e-9)) - measured).mean(axis=-1) + PRIOR_WEIGHT * (le ** 2 + lb ** 2)
-        i, j = np.unravel_index(int(np.argmin(loss)), loss.shape)
+        loss = np.abs(np.log(np.maximum(predicted, 1e-9)) - measured).mean(axis=-1)
+        prior = le ** 2 + lb ** 2
+        near_best = loss <= loss.min() + tolerance
+        i, j = np.unravel_index(int(np.argmin(np.where(near_best, prior + PRIOR_WEIGHT * loss, np.inf))), loss.shape)
         best_e, best_b = float(e_axis[i]), float(b_axis[j])
-        e_step = (e_axis[1] - e_axis[0]) if len(e_axis) > 1 else 0.0
-        b_step = b_axis[1] - b_axis[0]
-        e_axis = np.linspace(max(best_e - 2 * e_step, eff_lo), min(best_e + 2 * e_step, eff_hi), 21) \
-            if has_flops else e_axis
-        b_axis = np.linspace(max(best_b - 2 * b_step, bw_lo), min(best_b + 2 * b_step, bw_hi), 21)
+        e_step = (e_range[1] - e_range[0]) / max(points - 1, 1)
+        b_step = (b_range[1] - b_range[0]) / (points - 1)
+        if has_flops:
+            e_range = [max(best_e - 2 * e_step, math.log(EFFICIENCY_RANGE[0])),
+                       min(best_e + 2 * e_step, math.log(EFFICIENCY_RANGE[1]))]
+        b_range = [max(best_b - 2 * b_step, math.log(BANDWIDTH_RANGE[0])),
+                   min(best_b + 2 * b_step, math.log(BANDWIDTH_RANGE[1]))]
     return math.exp(best_e), math.exp(best_b)
 
 
@@ -183,14 +200,18 @@ def fit_families(samples: Sequence[KernelSample], base: Profile) -> dict[str, Fa
 
 def fitted_profile(base: Profile, fits: Mapping[str, FamilyFit], threads: int,
                    date: str | None = None) -> Profile:
-    """``base`` with the fitted families' parameters (rounded to 3 digits) and a record of
-    the measurement appended to its ``source``."""
+    """``base`` with the fitted families' parameters (rounded to 3 digits; an unmeasured
+    variant family takes its parent's, see :data:`VARIANT_OF`) and a record of the
+    measurement appended to its ``source``."""
     date = date or datetime.date.today().isoformat()
     efficiency = dict(base.efficiency)
     bandwidth = dict(base.bandwidth_efficiency)
     for family, fit in fits.items():
         efficiency[family] = float(f"{fit.efficiency:.3g}")
         bandwidth[family] = float(f"{fit.bandwidth_efficiency:.3g}")
+    for family, parent in VARIANT_OF.items():
+        if family not in fits and parent in fits:
+            efficiency[family], bandwidth[family] = efficiency[parent], bandwidth[parent]
     plain = base.source.split(f"; {SOURCE_TAG}")[0]
     kernels = sum(f.samples for f in fits.values())
     record = f"{SOURCE_TAG} {date}: {kernels} kernels in {len(fits)} families at {threads} thread(s)"
@@ -205,36 +226,39 @@ def has_kernel_fit(profile: Profile) -> bool:
 
 def time_case(case: KernelCase, threads: int = 1, seconds: float = SECONDS_PER_CASE,
               cost=None) -> list[KernelSample]:
-    """Compile ``case`` (no rewriting) and time it: one sample per kernel step (views and
-    reference fallbacks are left out), its time the median over the runs."""
+    """Compile ``case`` (no rewriting) and time it: one sample per step that computes
+    (generated kernels and reference fallbacks; views are left out), its time the median
+    over the runs."""
     import egraft
     from egraft.extract.cost import cost_model
 
     cost = cost or cost_model("flops")
     compiled = egraft.compile(case.model, rewrite=False)
     compiled.threads = threads
-    steps = [s for s in compiled.steps if s.kind == "kernel"]
-    medians = kernel_step_times(compiled, case.feeds, MIN_RUNS, MAX_RUNS, seconds)
+    steps = [s for s in compiled.steps if s.kind in ("kernel", "fallback")]
+    medians = kernel_step_times(compiled, case.feeds, MIN_RUNS, MAX_RUNS, seconds, kinds=("kernel", "fallback"))
     samples = []
     for step in steps:
         work = cost.node_work(compiled.graph, step.node)
         samples.append(KernelSample(case.name, step.node.op, work.family, work.flops,
                                     (work.reads or 0.0) + (work.writes or 0.0), work.launches,
-                                    medians[step.index]))
+                                    medians[step.index], step.kind))
     return samples
 
 
 def kernel_step_times(compiled, feeds: Mapping[str, np.ndarray], min_runs: int = MIN_RUNS,
-                      max_runs: int = MAX_RUNS, seconds: float = SECONDS_PER_CASE) -> dict[int, float]:
-    """Microseconds each kernel step of ``compiled`` takes on ``feeds``: the median over
-    at least ``min_runs`` runs, more while under ``seconds`` (at most ``max_runs``), after
-    two untimed ones. Keyed by step index; views and fallbacks are left out.
+                      max_runs: int = MAX_RUNS, seconds: float = SECONDS_PER_CASE,
+                      kinds: Sequence[str] = ("kernel",)) -> dict[int, float]:
+    """Microseconds each step of ``compiled`` of one of ``kinds`` (``kernel``,
+    ``fallback``, ``view``) takes on ``feeds``: the median over at least ``min_runs`` runs,
+    more while under ``seconds`` (at most ``max_runs``), after two untimed ones. Keyed by
+    step index.
 
     Example:
         >>> kernel_step_times(egraft.compile("model.onnx"), feeds, min_runs=5)   # doctest: +SKIP
         {0: 812.5, 2: 40.1}
     """
-    durations: dict[int, list[float]] = {s.index: [] for s in compiled.steps if s.kind == "kernel"}
+    durations: dict[int, list[float]] = {s.index: [] for s in compiled.steps if s.kind in kinds}
     for _ in range(2):
         compiled.run(feeds)
     started = time.perf_counter()

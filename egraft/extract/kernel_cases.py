@@ -2,14 +2,17 @@
 family at shapes taken from the model zoo (ResNet, Inception, VGG, ShuffleNet, the
 encoder), so that the fitted efficiencies describe the kernels the zoo runs.
 
-Each :class:`KernelCase` is an ONNX model of one node with random weights and inputs
+Every family the rewrite rules can choose is here, also those without a generated kernel
+yet (``conv_nhwc``, ``conv_nchwc``): they are timed however they run (a reference
+fallback), since that is what extraction's choice costs. Each :class:`KernelCase` is an
+ONNX model of one node with random weights and inputs
 (seeded: the same case is the same model every time). ``quick=True`` keeps one shape per
 family (for tests and a first look).
 
 Example:
     >>> cases = kernel_cases(quick=True)
     >>> sorted({c.family for c in cases})[:3]
-    ['attention', 'conv', 'data']
+    ['attention', 'conv', 'conv_nchwc']
     >>> cases[0].name
     'conv 3x3 64->64 28x28'
 """
@@ -86,6 +89,16 @@ def _conv(c: int, m: int, hw: int, k: int, stride: int = 1, group: int = 1, op: 
     family = "winograd" if op == "WinogradConv" else "conv"
     label = "winograd" if op == "WinogradConv" else "conv"
     return KernelCase(f"{label} {kind}{k}x{k}{step} {c}->{m} {hw}x{hw}", family, model, g.feeds)
+
+
+def _conv_layout(op: str, c: int, m: int, hw: int, k: int) -> KernelCase:
+    """ConvNHWC (input [1, H, W, C]) or ConvNCHWc (input [1, C/8, H, W, 8])."""
+    g = _Graph(seed=c + m + hw + k + len(op))
+    shape = (1, hw, hw, c) if op == "ConvNHWC" else (1, c // 8, hw, hw, 8)
+    args = [g.feed("x", shape), g.random_weight("W", (m, c, k, k)), g.random_weight("B", (m,))]
+    model = g.model(op, args, domain=EGRAFT, kernel_shape=[k, k], pads=[k // 2] * 4, strides=[1, 1])
+    family = "conv_nhwc" if op == "ConvNHWC" else "conv_nchwc"
+    return KernelCase(f"{op} {k}x{k} {c}->{m} {hw}x{hw}", family, model, g.feeds)
 
 
 def _matmul(m: int, k: int, n: int) -> KernelCase:
@@ -189,6 +202,8 @@ def kernel_cases(quick: bool = False) -> list[KernelCase]:
         _conv(128, 256, 28, 3, stride=2), _conv(3, 64, 56, 7, stride=2), _conv(128, 128, 28, 3, group=128),
         _conv(240, 240, 14, 1, group=3),
         _conv(64, 64, 28, 3, op="WinogradConv"), _conv(128, 128, 14, 3, op="WinogradConv"),
+        # the layout variants the layout rules offer (measured however they run: kernel or fallback)
+        _conv_layout("ConvNHWC", 64, 64, 28, 3), _conv_layout("ConvNCHWc", 64, 64, 28, 3),
         # gemm: the classifiers (matrix-vector products) and the encoder's projections
         _matmul(128, 256, 256), _gemm(1, 2048, 1000), _matmul(64, 32, 128), _matmul(256, 512, 512),
         _gemm(1, 4096, 1024),
