@@ -48,7 +48,7 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 
 #: A parallel kernel is split only when one call does at least this many flops (a part
 #: handed to a worker costs tens of microseconds).
-MIN_PARALLEL_WORK = 4_000_000
+MIN_PARALLEL_WORK = 16_000_000
 
 
 def cpu_count() -> int:

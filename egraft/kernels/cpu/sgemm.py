@@ -24,9 +24,10 @@ padding), so a convolution is one product with no im2col buffer: the packing ste
 the image directly, through per-``k`` and per-``n`` offset tables built at compile time.
 
 Threads: the call takes ``part`` and ``parts``; each part computes a disjoint block of
-columns (so it packs only its share of ``B``, and a pre-packed ``A`` is shared), or of rows
-when there are too few column panels to share evenly or ``A`` is packed per call and
-larger than ``B``; each part has its own packing buffers in its own ``scratch``.
+rows or of columns, whichever side is bigger (a part reads all of the other operand:
+splitting a convolution's 49 output pixels would make each thread stream all the
+weights), as long as it has enough tiles to share evenly; each part has its own packing
+buffers in its own ``scratch``.
 
 The arguments travel in one ``i64`` array whose fields are :data:`FIELDS` (pointers as
 integers; the float parameters through a pointer to five floats).
@@ -410,11 +411,13 @@ def _library_module(blk: Blocking) -> str:
         return e.min(lo, count), e.min(hi, count)
 
     col_tiles = b.sdiv(b.add(n, e.i64(nr - 1)), e.i64(nr))
-    # Split the columns (each part packs only its own B; a pre-packed A is shared) unless there
-    # are too few column panels to share evenly, or A is packed per call and is the bigger one.
-    few_columns = b.icmp_signed("<", col_tiles, b.mul(parts, e.i64(4)))
-    a_bigger = b.and_(b.not_(is_packed), b.icmp_signed(">", m, n))
-    by_rows = b.or_(few_columns, a_bigger)
+    # Each part reads all of the operand the split does not divide: split the bigger side
+    # (rows when M > N: each part reads half of A and packs all of B), unless it has too few
+    # tiles to share evenly.
+    row_tiles = b.sdiv(b.add(m, e.i64(mr - 1)), e.i64(mr))
+    enough_rows = b.icmp_signed(">=", row_tiles, b.mul(parts, e.i64(2)))
+    few_columns = b.icmp_signed("<", col_tiles, b.mul(parts, e.i64(2)))
+    by_rows = b.or_(b.and_(b.icmp_signed(">", m, n), enough_rows), few_columns)
     rs_lo, rs_hi = split(m, mr)
     cs_lo, cs_hi = split(n, nr)
     i_lo = b.select(by_rows, rs_lo, e.i64(0))

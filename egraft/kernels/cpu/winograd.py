@@ -16,7 +16,9 @@ transformed data stays within the thread's scratch), and for each chunk:
    activation are applied in registers, and the two output rows are stored interleaved
    (masked at the right and bottom edges).
 
-Threads: the chunks are shared out over the kernel's parts, each with its own scratch.
+Threads: the chunks are shared out over the kernel's parts, each with its own scratch;
+an image with fewer chunks than parts is shared by output channels instead (each part
+transforms the input itself: it is the cheap step).
 
 Example: VGG-19's ``WinogradConv(f32[1, 64, 224, 224], ...) {pads = [1, 1, 1, 1]}`` has
 112 x 112 tiles, taken 4 tile rows (448 tiles) per chunk: 16 products of
@@ -163,20 +165,35 @@ def emit_winograd(ctx: KernelContext, geo, bias: int | None, activation: str, pa
     with ctx.loop(ctx.dim(geo.batch), name="image") as image:
         x_image = b.gep(x, [b.mul(image, const(c_in * plane_in))])
         y_image = b.gep(y, [b.mul(image, const(c_out * plane_out))])
-        mine = b.sdiv(b.add(b.sub(const(chunks), ctx.part), b.sub(ctx.parts, const(1))), ctx.parts)
+        # Parts take whole chunks when there are enough; else (a small image) every part takes
+        # every chunk for its share of the output channels, transforming the input itself.
+        by_chunks = b.icmp_signed(">=", const(chunks), ctx.parts)
+        one = const(1)
+        step_size = b.select(by_chunks, ctx.parts, one)
+        first_chunk = b.select(by_chunks, ctx.part, const(0))
+        channel_tiles = -(-c_out // blk.mr)
+        o_lo = b.select(by_chunks, const(0), b.mul(b.sdiv(b.mul(const(channel_tiles), ctx.part), ctx.parts),
+                                                     const(blk.mr)))
+        o_hi = b.select(by_chunks, const(c_out),
+                        b.mul(b.sdiv(b.mul(const(channel_tiles), b.add(ctx.part, one)), ctx.parts), const(blk.mr)))
+        o_lo = b.select(b.icmp_signed("<", o_lo, const(c_out)), o_lo, const(c_out))
+        o_hi = b.select(b.icmp_signed("<", o_hi, const(c_out)), o_hi, const(c_out))
+        mine = b.sdiv(b.add(b.sub(const(chunks), first_chunk), b.sub(step_size, one)), step_size)
         with ctx.loop(mine, name="chunk") as step:
-            chunk = b.add(ctx.part, b.mul(step, ctx.parts))
+            chunk = b.add(first_chunk, b.mul(step, step_size))
             ty0 = b.mul(chunk, const(rows_per_chunk))
             rows = b.select(b.icmp_signed("<", b.sub(const(tiles_h), ty0), const(rows_per_chunk)),
                             b.sub(const(tiles_h), ty0), const(rows_per_chunk))
             tiles = b.mul(rows, const(tiles_w))
             _input_transform(ctx, vec, geo, x_image, v_base, ty0, rows, ld, groups, tiles_w)
-            for xi in range(POINTS):
-                emit_call(ctx, {"m": c_out, "n": tiles, "k": c_in, "a": b.gep(u_ptr, [const(xi * u_stride)]),
+            for xi in range(POINTS):  # rows o_lo.. of U (a whole number of packed panels)
+                emit_call(ctx, {"m": b.sub(o_hi, o_lo), "n": tiles, "k": c_in,
+                                "a": b.gep(u_ptr, [b.add(const(xi * u_stride), b.mul(o_lo, const(c_in)))]),
                                 "a_packed": 1, "b": b.gep(v_base, [const(xi * c_in * ld)]), "b_rs": ld, "b_cs": 1,
-                                "c": b.gep(m_base, [const(xi * c_out * ld)]), "ldc": ld}, Epilogue(), parallel=False)
+                                "c": b.gep(m_base, [b.add(const(xi * c_out * ld), b.mul(o_lo, const(ld)))]),
+                                "ldc": ld}, Epilogue(), parallel=False)
             _output_transform(ctx, vec, geo, y_image, m_base, bias_ptr, activation, params, ty0, rows, ld, groups,
-                              tiles_w)
+                              tiles_w, o_lo, o_hi)
     ctx.parallel = True
 
 
@@ -213,7 +230,7 @@ def _input_transform(ctx, vec: _Vectors, geo, x_image, v_base, ty0, rows, ld: in
 
 
 def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activation: str, params, ty0, rows,
-                      ld: int, groups: int, tiles_w: int) -> None:
+                      ld: int, groups: int, tiles_w: int, o_lo: ir.Value, o_hi: ir.Value) -> None:
     """``Y = act(A^T M A + bias)`` for the chunk's tiles, stored as two interleaved rows."""
     from egraft.ir.ops.fused import activation_params
 
@@ -222,7 +239,7 @@ def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activa
     out_w, out_h = const(geo.out_w), const(geo.out_h)
     p = list(activation_params(activation, list(params))) if activation else []
     zero = ir.Constant(vec.vtype(), [0.0] * vw)
-    with ctx.loop(const(geo.out_channels), name="oc") as o:
+    with ctx.loop(o_hi, name="oc", start=o_lo) as o:
         channel = b.gep(y_image, [b.mul(o, const(geo.out_h * geo.out_w))])
         bias = vec.splat(b.load(b.gep(bias_ptr, [o]))) if bias_ptr is not None else None
         with ctx.loop(rows, name="or") as r:
