@@ -9,11 +9,11 @@ runs), fallbacks through their numpy reference kernels on views of the same buff
 Threads: every call has its own arena, table and dims, so one CompiledModel may be
 called from several threads at once. A kernel that computes a share of its output
 (``parallel``: the products and convolutions) is split over ``threads`` parts: the
-calling thread runs one, workers of a process-wide pool the others (ctypes releases the
-interpreter lock, so they run at the same time). Workers are lent by a process-wide
-budget of ``cpu count - 1`` helpers, taken without waiting: when several calls run at
-once (a multi-threaded server), each gets the helpers that are free, possibly none, so
-egraft never runs more kernel threads than cores beyond its callers' own.
+calling thread runs one, ``cpu count - 1`` native worker threads the others
+(:mod:`egraft.kernels.cpu.workers`: a part is handed over in about a microsecond). One
+call owns the workers at a time; a call that finds them busy (a multi-threaded server
+calling several models at once) runs its kernel alone, so egraft never runs more kernel
+threads than cores beyond its callers' own.
 
 Example:
     >>> compiled = egraft.compile("model.onnx")                       # doctest: +SKIP
@@ -27,7 +27,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,9 +45,9 @@ from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
 _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                  ctypes.c_void_p)
 
-#: A parallel kernel is split only when one call does at least this many flops (a part
-#: handed to a worker costs tens of microseconds).
-MIN_PARALLEL_WORK = 16_000_000
+#: A parallel kernel is split only when one call does at least this many flops (handing a
+#: part to a native worker costs about a microsecond; a part must be worth more).
+MIN_PARALLEL_WORK = 1_000_000
 
 
 def cpu_count() -> int:
@@ -65,34 +64,6 @@ def default_threads() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else cpu_count()
 
 
-class _Workers:
-    """The process-wide pool of kernel workers and the budget of helpers it lends."""
-
-    def __init__(self) -> None:
-        self.size = max(cpu_count() - 1, 0)
-        self.budget = threading.BoundedSemaphore(self.size) if self.size else None
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def borrow(self, wanted: int) -> int:
-        """Take up to ``wanted`` helpers without waiting; returns how many were taken."""
-        taken = 0
-        while taken < wanted and self.budget is not None and self.budget.acquire(blocking=False):
-            taken += 1
-        return taken
-
-    def give_back(self, count: int) -> None:
-        for _ in range(count):
-            self.budget.release()
-
-    def pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="egraft-kernel")
-            return self._pool
-
-
-_WORKERS = _Workers()
 _SCRATCH = threading.local()
 
 
@@ -107,8 +78,6 @@ def thread_scratch() -> int:
     return address
 
 
-def _run_part(function, table: int, dims: int, part: int, parts: int) -> None:
-    function(table, dims, part, parts, thread_scratch())
 
 
 @dataclass(frozen=True)
@@ -186,12 +155,14 @@ class CompiledModel:
         #: Threads a call may use (parallel kernels are split into this many parts at most).
         self.threads = default_threads()
         self._functions = {}
+        self._addresses: dict[int, int] = {}
         for step in lowered.steps:
             if step.kind == "kernel":
                 address = jit.address(step.function)
                 if not address:
                     raise ExecutionError(f"{step.node.label}: kernel {step.function} was not compiled")
                 self._functions[step.index] = _KERNEL_CFUNC(address)
+                self._addresses[step.index] = address
         self._plans: dict[tuple[int, ...], MemoryPlan] = {}
         self._shape_cache: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {}
         self._placement_cache: dict[tuple[int, ...], list[tuple]] = {}
@@ -287,7 +258,7 @@ class CompiledModel:
                         place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
                 function = self._functions[step.index]
                 if threads > 1 and step.parallel and step.work >= MIN_PARALLEL_WORK:
-                    self._run_parallel(function, table_address, dims_address, threads)
+                    self._run_parallel(self._addresses[step.index], table_address, dims_address, threads)
                 else:
                     function(table_address, dims_address, 0, 1, scratch)
             elif step.kind == "view":
@@ -324,21 +295,13 @@ class CompiledModel:
                 self._arenas.append(arena)
 
     @staticmethod
-    def _run_parallel(function, table: int, dims: int, threads: int) -> None:
-        """One kernel split into parts: the caller runs part 0, borrowed workers the others."""
-        helpers = _WORKERS.borrow(threads - 1)
-        if not helpers:
-            function(table, dims, 0, 1, thread_scratch())
-            return
-        try:
-            parts = helpers + 1
-            pool = _WORKERS.pool()
-            futures = [pool.submit(_run_part, function, table, dims, part, parts) for part in range(1, parts)]
-            _run_part(function, table, dims, 0, parts)
-            for future in futures:
-                future.result()
-        finally:
-            _WORKERS.give_back(helpers)
+    def _run_parallel(address: int, table: int, dims: int, threads: int) -> None:
+        """One kernel split into parts: part 0 on this thread, the others on the native
+        workers (:mod:`egraft.kernels.cpu.workers`); alone when another call has them."""
+        from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
+        from egraft.kernels.cpu.workers import native_workers
+
+        native_workers(cpu_count() - 1, SCRATCH_BYTES).run(address, table, dims, threads, thread_scratch())
 
     def _placements(self, bound: Mapping[str, int], plan: MemoryPlan) -> list[tuple]:
         """What a call places before its steps run, computed once per binding:

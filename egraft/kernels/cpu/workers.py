@@ -1,0 +1,186 @@
+"""Native worker threads for parallel kernels: a part handed over in about a microsecond,
+not the tens of microseconds a Python thread pool takes (which would make splitting
+anything but the largest kernels a loss).
+
+Each worker is a Python daemon thread that calls ``egraft_worker`` once, through ctypes
+(which releases the interpreter lock for as long as the call lasts): the native loop
+never returns. It waits for a new *generation* of the shared state, runs its part of the
+posted kernel, counts itself done and waits again: spinning (``pause``) for a while after
+each job, then sleeping on a futex until the next post wakes it.
+
+``egraft_parallel(state, kernel, table, dims, parts, scratch)`` posts a kernel, runs part
+0 on the calling thread and spins until every worker is done. One caller owns the
+workers at a time (a compare-and-swap on ``busy``); a caller that finds them busy runs
+its kernel alone, so concurrent callers never oversubscribe the cores.
+
+Example:
+    >>> workers = native_workers()                                       # doctest: +SKIP
+    >>> workers.run(kernel_address, table, dims, parts=2, scratch=s)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from functools import cache
+
+import numpy as np
+from llvmlite import ir
+
+from egraft.kernels.cpu.llvm import JitModule, host_cpu
+
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+I8P = ir.IntType(8).as_pointer()
+KERNEL = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer(), I64, I64, I8P])
+
+#: Fields of the shared state (one ``i64`` each).
+GENERATION, DONE, KERNEL_FN, TABLE, DIMS, PARTS, SLEEPING, BUSY = range(8)
+STATE_FIELDS = 8
+#: ``pause`` iterations a worker spins after a job before it sleeps (about a millisecond).
+SPIN = 2000
+SYS_FUTEX = 202  # x86-64 Linux
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+
+
+def _module_text() -> str:
+    module = ir.Module(name="egraft_workers")
+    module.triple = host_cpu()[0]
+    syscall = ir.Function(module, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
+    pause = ir.Function(module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+
+    def field(b: ir.IRBuilder, state: ir.Value, index: int) -> ir.Value:
+        return b.gep(state, [ir.Constant(I64, index)])
+
+    def atomic_load(b: ir.IRBuilder, pointer: ir.Value) -> ir.Value:
+        return b.load_atomic(pointer, "seq_cst", 8)
+
+    def atomic_store(b: ir.IRBuilder, value: ir.Value, pointer: ir.Value) -> None:
+        b.store_atomic(value, pointer, "seq_cst", 8)
+
+    def futex(b: ir.IRBuilder, state: ir.Value, op: int, value: ir.Value) -> None:
+        word = b.ptrtoint(field(b, state, GENERATION), I64)  # the generation's low 32 bits (little-endian)
+        b.call(syscall, [ir.Constant(I64, SYS_FUTEX), word, ir.Constant(I64, op), value, ir.Constant(I64, 0),
+                         ir.Constant(I64, 0), ir.Constant(I64, 0)])
+
+    # ---- void egraft_worker(i64* state, i64 index, i8* scratch): never returns
+    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I8P]), "egraft_worker")
+    state, index, scratch = worker.args
+    entry, wait, spin, sleep, job = (worker.append_basic_block(n) for n in ("entry", "wait", "spin", "sleep", "job"))
+    b = ir.IRBuilder(entry)
+    seen = b.alloca(I64, name="seen")
+    spins = b.alloca(I64, name="spins")
+    # generation 0 is the one the workers are created in: reading it here instead would race with
+    # the first post (a worker that starts late would take that job's generation as already seen)
+    b.store(ir.Constant(I64, 0), seen)
+    b.store(ir.Constant(I64, 0), spins)
+    b.branch(wait)
+    b.position_at_end(wait)
+    generation = atomic_load(b, field(b, state, GENERATION))
+    b.cbranch(b.icmp_signed("!=", generation, b.load(seen)), job, spin)
+    b.position_at_end(spin)
+    count = b.add(b.load(spins), ir.Constant(I64, 1))
+    b.store(count, spins)
+    keep_spinning = worker.append_basic_block("pause")
+    b.cbranch(b.icmp_signed("<", count, ir.Constant(I64, SPIN)), keep_spinning, sleep)
+    b.position_at_end(keep_spinning)
+    b.call(pause, [])
+    b.branch(wait)
+    b.position_at_end(sleep)  # announce, re-check, then sleep until the generation moves on
+    b.atomic_rmw("add", field(b, state, SLEEPING), ir.Constant(I64, 1), "seq_cst")
+    still = b.icmp_signed("==", atomic_load(b, field(b, state, GENERATION)), b.load(seen))
+    with b.if_then(still):
+        futex(b, state, FUTEX_WAIT_PRIVATE, b.and_(b.load(seen), ir.Constant(I64, 0xFFFFFFFF)))
+    b.atomic_rmw("sub", field(b, state, SLEEPING), ir.Constant(I64, 1), "seq_cst")
+    b.store(ir.Constant(I64, 0), spins)
+    b.branch(wait)
+    b.position_at_end(job)
+    b.store(generation, seen)
+    b.store(ir.Constant(I64, 0), spins)
+    parts = atomic_load(b, field(b, state, PARTS))
+    part = b.add(index, ir.Constant(I64, 1))
+    with b.if_then(b.icmp_signed("<", part, parts)):
+        kernel = b.inttoptr(atomic_load(b, field(b, state, KERNEL_FN)), KERNEL.as_pointer())
+        table = b.inttoptr(atomic_load(b, field(b, state, TABLE)), I8P.as_pointer())
+        dims = b.inttoptr(atomic_load(b, field(b, state, DIMS)), I64.as_pointer())
+        b.call(kernel, [table, dims, part, parts, scratch])
+    b.atomic_rmw("add", field(b, state, DONE), ir.Constant(I64, 1), "seq_cst")
+    b.branch(wait)
+
+    # ---- i64 egraft_parallel(i64* state, i64 kernel, i64 table, i64 dims, i64 parts, i8* scratch, i64 workers)
+    # returns the parts it ran in (1 when the workers were busy with another caller's kernel)
+    run = ir.Function(module, ir.FunctionType(I64, [I64.as_pointer(), I64, I64, I64, I64, I8P, I64]),
+                      "egraft_parallel")
+    state, kernel_address, table, dims, parts, scratch, workers = run.args
+    entry, alone, post, waiting, finish = (run.append_basic_block(n)
+                                           for n in ("entry", "alone", "post", "waiting", "finish"))
+    b = ir.IRBuilder(entry)
+    kernel = b.inttoptr(kernel_address, KERNEL.as_pointer())
+    table_p = b.inttoptr(table, I8P.as_pointer())
+    dims_p = b.inttoptr(dims, I64.as_pointer())
+    owned = b.cmpxchg(field(b, state, BUSY), ir.Constant(I64, 0), ir.Constant(I64, 1), "seq_cst", "seq_cst")
+    b.cbranch(b.extract_value(owned, 1), post, alone)
+    b.position_at_end(alone)
+    b.call(kernel, [table_p, dims_p, ir.Constant(I64, 0), ir.Constant(I64, 1), scratch])
+    b.ret(ir.Constant(I64, 1))
+    b.position_at_end(post)
+    for slot, value in ((KERNEL_FN, kernel_address), (TABLE, table), (DIMS, dims), (PARTS, parts),
+                        (DONE, ir.Constant(I64, 0))):
+        atomic_store(b, value, field(b, state, slot))
+    b.atomic_rmw("add", field(b, state, GENERATION), ir.Constant(I64, 1), "seq_cst")
+    with b.if_then(b.icmp_signed(">", atomic_load(b, field(b, state, SLEEPING)), ir.Constant(I64, 0))):
+        futex(b, state, FUTEX_WAKE_PRIVATE, ir.Constant(I64, 0x7FFFFFFF))
+    b.call(kernel, [table_p, dims_p, ir.Constant(I64, 0), parts, scratch])
+    b.branch(waiting)
+    b.position_at_end(waiting)
+    all_done = b.icmp_signed(">=", atomic_load(b, field(b, state, DONE)), workers)
+    not_yet = run.append_basic_block("not_yet")
+    b.cbranch(all_done, finish, not_yet)
+    b.position_at_end(not_yet)
+    b.call(pause, [])
+    b.branch(waiting)
+    b.position_at_end(finish)
+    atomic_store(b, ir.Constant(I64, 0), field(b, state, BUSY))
+    b.ret(parts)
+    return str(module)
+
+
+class NativeWorkers:
+    """``count`` native worker threads and the state they share (see the module docstring)."""
+
+    def __init__(self, count: int, scratch_bytes: int):
+        from egraft.lowering.memory import ALIGNMENT
+
+        self.count = count
+        self._jit = JitModule(_module_text())
+        self._state = np.zeros(STATE_FIELDS, np.int64)
+        self._run = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
+            self._jit.address("egraft_parallel"))
+        loop = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
+            self._jit.address("egraft_worker"))
+        self._scratch = []
+        self._threads = []
+        for index in range(count):
+            raw = np.empty(scratch_bytes + ALIGNMENT, np.uint8)
+            shift = (-raw.ctypes.data) % ALIGNMENT
+            self._scratch.append(raw)
+            thread = threading.Thread(target=loop, args=(self._state.ctypes.data, index, raw.ctypes.data + shift),
+                                      name=f"egraft-worker-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def run(self, kernel: int, table: int, dims: int, parts: int, scratch: int) -> int:
+        """Run ``kernel`` in ``parts`` parts (at most ``count + 1``): part 0 here, the others
+        on the workers; returns the parts it ran in (1 if another caller had the workers)."""
+        parts = max(1, min(parts, self.count + 1))
+        return self._run(self._state.ctypes.data, kernel, table, dims, parts, scratch, self.count)
+
+
+@cache
+def native_workers(count: int, scratch_bytes: int) -> NativeWorkers:
+    """The process's workers (started on first use, one set per size)."""
+    return NativeWorkers(count, scratch_bytes)
+
+
+__all__ = ["NativeWorkers", "native_workers"]
