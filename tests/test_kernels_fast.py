@@ -33,6 +33,13 @@ from egraft.testing.models import scale_relative_error
 RNG = np.random.default_rng(6)
 
 
+@pytest.fixture(autouse=True)
+def split_every_parallel_kernel(monkeypatch):
+    """Small test shapes do less work than the runtime's threshold for splitting a kernel:
+    lower it so that the runs at 2 threads really run in parts."""
+    monkeypatch.setattr("egraft.lowering.runtime.MIN_PARALLEL_WORK", 0)
+
+
 def randn(*shape: int) -> np.ndarray:
     return RNG.normal(size=shape).astype(np.float32)
 
@@ -184,14 +191,18 @@ DEPTHWISE_CASES = [
 
 @pytest.mark.parametrize("x_shape, attrs", DEPTHWISE_CASES)
 def test_strided_depthwise_conv_matches_onnxruntime(x_shape, attrs):
-    """Depthwise convolutions stay on the direct kernel; strides 2 and 3 run their interior
-    columns as vectors of strided lanes."""
+    """Depthwise convolutions stay on the direct kernel, split over threads by channels;
+    strides 2 and 3 run their interior columns as vectors of strided lanes."""
     c = x_shape[1]
     x, w, b = randn(*x_shape), randn(c, 1, 3, 3), randn(c)
     model = conv_model(w, b, {**attrs, "group": c}, x_shape)
     compiled = compile_graph(egraft.load(model))
-    assert not compiled.steps[0].parallel  # the direct kernel, not the products
-    assert scale_relative_error(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"]) <= 1e-5
+    assert "egraft_sgemm" not in compiled.module_text  # the direct kernel, not the products
+    assert compiled.steps[0].parallel  # its channels split over threads
+    want = run_onnxruntime(model, {"x": x})["y"]
+    for threads in (1, 2):
+        compiled.threads = threads
+        assert scale_relative_error(compiled.run({"x": x})["y"], want) <= 1e-5
 
 
 def reference(x, w, b, attrs, activation="", z=None, alpha=0.1):
@@ -296,9 +307,11 @@ def test_pools_with_vectorized_interiors_match_onnxruntime(op, x_shape, attrs):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     compiled = compile_graph(egraft.load(model))
-    assert [s.kind for s in compiled.steps] == ["kernel"]
-    np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-5,
-                               atol=1e-6)
+    assert [s.kind for s in compiled.steps] == ["kernel"] and compiled.steps[0].parallel
+    want = run_onnxruntime(model, {"x": x})["y"]
+    for threads in (1, 2):  # planes split over threads
+        compiled.threads = threads
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
     x[0, 0, 3, 10] = np.nan  # NaN propagates as in egraft's reference (numpy's maximum; onnxruntime may drop it)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], egraft.load(model).run({"x": x})["y"], rtol=1e-5,
                                atol=1e-6)

@@ -253,6 +253,20 @@ class KernelContext(NodeAttrs):
         b.branch(cond)
         b.position_at_end(done)
 
+    def share(self, count: ir.Value | int) -> tuple[ir.Value, ir.Value]:
+        """This call's share ``[lo, hi)`` of ``range(count)`` (the kernel's ``part`` of
+        ``parts``), and the kernel declared parallel: loop over the share instead of the whole
+        range, and make sure nothing else the kernel writes depends on the other shares.
+
+        Example: ``lo, hi = ctx.share(channels)`` then ``with ctx.loop(hi, start=lo) as c: ...``.
+        """
+        b = self.builder
+        count = ir.Constant(I64, count) if isinstance(count, int) else count
+        lo = b.sdiv(b.mul(count, self.part), self.parts)
+        hi = b.sdiv(b.mul(count, b.add(self.part, ir.Constant(I64, 1))), self.parts)
+        self.parallel = True
+        return lo, hi
+
     def finish(self) -> None:
         """Close the function: the entry block falls through to the code."""
         with self._at_entry():
