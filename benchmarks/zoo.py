@@ -19,6 +19,7 @@ import argparse
 import math
 import os
 import tempfile
+from functools import partial
 from pathlib import Path
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # numpy stays out of the way
@@ -31,7 +32,7 @@ from rich.table import Table  # noqa: E402
 import egraft  # noqa: E402
 from egraft.testing.bench import ZOO, ort_session, reference_outputs, zoo_model  # noqa: E402
 from egraft.testing.models import scale_relative_error  # noqa: E402
-from egraft.testing.timing import median_ms  # noqa: E402
+from egraft.testing.timing import interleaved_medians_ms, median_ms  # noqa: E402
 
 #: Rule families switched off one at a time (column name -> ``rules_off``).
 ABLATIONS = {"no fusion": ["fusion"], "no layout": ["layout"]}
@@ -59,13 +60,16 @@ def bench_model(name: str, threads: list[int], repeat: int, folder: Path) -> dic
     row: dict = {"error": error}
     full = variants["full"]
     for n in threads:
-        full.threads = n
-        session = ort_session(model, threads=n)
-        row[("egraft", n)] = median_ms(lambda: full.run(feeds), repeat)
-        row[("ort", n)] = median_ms(lambda: session.run(None, feeds), repeat)
-    for label in ABLATIONS:
-        variants[label].threads = threads[0]
-        row[label] = median_ms(lambda c=variants[label]: c.run(feeds), repeat)
+        for compiled in variants.values():
+            compiled.threads = n
+        if n == threads[0]:  # the ablations in the same rounds as the full build
+            times = interleaved_medians_ms({label: lambda c=c: c.run(feeds) for label, c in variants.items()}, repeat)
+            row[("egraft", n)] = times.pop("full")
+            row.update(times)
+        else:
+            row[("egraft", n)] = median_ms(lambda: full.run(feeds), repeat)
+        # onnxruntime's session (and its spinning threads) exists only while it is timed
+        row[("ort", n)] = median_ms(partial(ort_session(model, threads=n).run, None, feeds), repeat)
     return row
 
 
