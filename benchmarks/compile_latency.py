@@ -14,8 +14,10 @@ Run: python benchmarks/compile_latency.py [--repeat 10] [--models resnet50 ...]
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.models or list(ZOO)
     os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
+    atexit.register(shutil.rmtree, os.environ["EGRAFT_CACHE_DIR"], ignore_errors=True)  # gigabytes of builds
     table = Table(title=f"egraft compiled (1 thread) vs onnxruntime (1 thread): median of {args.repeat} runs")
     for col in ("model", "compile s", "cached s", "kernels", "fallbacks", "error", "egraft ms", "ort ms",
                 "egraft/ort"):

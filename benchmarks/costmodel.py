@@ -19,8 +19,10 @@ Run: python benchmarks/costmodel.py [--repeat 10] [--models resnet50 encoder] [-
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
+import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -101,6 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.models or list(ZOO)
     os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
+    atexit.register(shutil.rmtree, os.environ["EGRAFT_CACHE_DIR"], ignore_errors=True)  # gigabytes of builds
     folder = Path(os.environ["EGRAFT_CACHE_DIR"])
     profile = load_profile("cpu-host")
     calibrated = Path(profile.path).is_relative_to(config_dir())

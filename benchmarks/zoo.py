@@ -16,8 +16,10 @@ Run: python benchmarks/zoo.py [--repeat 10] [--models resnet50 encoder] [--threa
 from __future__ import annotations
 
 import argparse
+import atexit
 import math
 import os
+import shutil
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -81,6 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     names = args.models or list(ZOO)
     os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
+    atexit.register(shutil.rmtree, os.environ["EGRAFT_CACHE_DIR"], ignore_errors=True)  # gigabytes of builds
     folder = Path(os.environ["EGRAFT_CACHE_DIR"])
     first = args.threads[0]
     table = Table(title=f"egraft vs onnxruntime: median ms of {args.repeat} runs; ablations at {first} thread(s)")
