@@ -325,3 +325,24 @@ def test_a_plan_compiles_to_its_own_graph_and_a_stale_plan_is_refused(tmp_path):
     stale.write_text(json.dumps(plan))
     refused = runner.invoke(app, ["compile", str(stale)])
     assert refused.exit_code == 2 and "its model 'nowhere.onnx' is not a file here" in refused.output
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX-only")
+def test_a_forked_child_gets_its_own_workers():
+    """The native workers are threads of the process that started them; a forked child
+    (multiprocessing's default on Linux) must start its own instead of waiting on them."""
+    import multiprocessing
+
+    model = _dense_model()
+    compiled = egraft.compile(model, threads=2)
+    x = np.random.default_rng(1).normal(size=(96, 256)).astype(np.float32)
+    want = run_onnxruntime(model, {"x": x})["y"]
+    compiled.run({"x": x})  # the parent's workers exist now
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=lambda: results.put(compiled.run({"x": x})["y"]))  # fork: nothing pickled
+    child.start()
+    got = results.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert scale_relative_error(got, want) <= 1e-5

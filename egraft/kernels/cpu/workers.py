@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from functools import cache
 
@@ -177,9 +178,14 @@ class NativeWorkers:
         return self._run(self._state.ctypes.data, kernel, table, dims, parts, scratch, self.count)
 
 
-@cache
 def native_workers(count: int, scratch_bytes: int) -> NativeWorkers:
-    """The process's workers (started on first use, one set per size)."""
+    """The process's workers (started on first use, one set per size). A child made by
+    ``fork`` has none of its parent's threads: it starts its own."""
+    return _workers_of(os.getpid(), count, scratch_bytes)
+
+
+@cache
+def _workers_of(pid: int, count: int, scratch_bytes: int) -> NativeWorkers:
     return NativeWorkers(count, scratch_bytes)
 
 
