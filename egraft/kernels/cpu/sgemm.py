@@ -219,14 +219,16 @@ class _Loop:
         b.position_at_end(self.done)
 
 
-def _micro_kernel(module: ir.Module, blk: Blocking) -> ir.Function:
+def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None) -> ir.Function:
     """``micro(ap, bp, kc, c, ldc, rows, cols, first, last, bias, bias_kind, res, ldr, act, params)``:
-    the ``MR x NR`` tile at ``c`` (``rows x cols`` of it valid) from packed panels."""
+    the ``MR x NR`` tile at ``c`` (``rows x cols`` of it valid) from packed panels. With
+    ``vectors`` (fewer than ``NR / VW``), only the first ``vectors * VW`` columns are
+    computed: the narrow form for a last panel of few columns (49 = 3 x 16 + 1)."""
     mr, nr, vw = blk.mr, blk.nr, blk.vw
-    halves = nr // vw
+    halves = vectors or nr // vw
     fnty = ir.FunctionType(ir.VoidType(), [F32P, F32P, I64, F32P, I64, I64, I64, I1, I1,
                                            F32P, I64, F32P, I64, I64, F32P])
-    fn = ir.Function(module, fnty, "egraft_sgemm_micro")
+    fn = ir.Function(module, fnty, "egraft_sgemm_micro" + ("" if halves == nr // vw else f"_{halves * vw}"))
     fn.linkage = "internal"
     for arg in fn.args[:2] + fn.args[3:4]:
         arg.add_attribute("noalias")
@@ -296,7 +298,7 @@ def _micro_kernel(module: ir.Module, blk: Blocking) -> ir.Function:
             b.store(b.select(b.fcmp_ordered(">", y, high), high, y), slot)
         return b.load(slot)
 
-    full = b.icmp_signed("==", cols, e.i64(nr))  # whole vectors of columns; rows past `rows` are skipped
+    full = b.icmp_signed("==", cols, e.i64(halves * vw))  # whole vectors of columns; rows past `rows` skipped
     with b.if_else(full) as (then, otherwise):
         with then:  # each test once per tile, each step over the 2*MR vectors in registers
             cells = [(r, h, accs[r][h]) for r in range(mr) for h in range(halves)]
@@ -369,6 +371,7 @@ def _library_module(blk: Blocking) -> str:
     module = ir.Module(name="egraft_sgemm")
     module.triple = host_cpu()[0]
     micro = _micro_kernel(module, blk)
+    narrow = _micro_kernel(module, blk, vectors=1) if blk.nr > blk.vw else None
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64P]), SGEMM)
     e = _Emitter(fn, blk)
     b = e.b
@@ -457,8 +460,16 @@ def _library_module(blk: Blocking) -> str:
                         biasp = b.gep(bias, [bias_at])
                         resp = b.select(b.icmp_unsigned("==", b.ptrtoint(res, I64), e.i64(0)), res,
                                         b.gep(res, [b.add(b.mul(i, ldr), j)]))
-                        b.call(micro, [ap, bp, kc, cp, ldc, rows, cols, first, last, biasp, bias_kind, resp, ldr,
-                                       act, params])
+                        args = [ap, bp, kc, cp, ldc, rows, cols, first, last, biasp, bias_kind, resp, ldr, act,
+                                params]
+                        if narrow is None:
+                            b.call(micro, args)
+                        else:
+                            with b.if_else(b.icmp_signed("<=", cols, e.i64(blk.vw))) as (few, many):
+                                with few:
+                                    b.call(narrow, args)
+                                with many:
+                                    b.call(micro, args)
     b.ret_void()
     return str(module)
 
