@@ -52,7 +52,6 @@ class Step:
     reason: str = ""
     offset: int = 0  # a view: where it starts in its input, in elements (a contiguous Slice)
     parallel: bool = False  # a kernel that computes share `part` of `parts` (run on several threads)
-    work: int = 0  # a kernel's flops per call, roughly (at 1 per symbolic dim): splitting must pay
 
 
 @dataclass
@@ -180,7 +179,7 @@ def lower(graph: Graph) -> Lowered:
             else:
                 _merge(module, scratch)
                 derived.update(own)
-                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel, work=int(ctx.work)))
+                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)

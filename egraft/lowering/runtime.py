@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -38,7 +39,10 @@ from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.interpreter import Bindings, check_feeds, run_graph
 from egraft.ir.onnx_fallback import onnx_compute
 from egraft.ir.registry import RunContext
+from egraft.ir.work import op_work
 from egraft.kernels.cpu.llvm import JitModule
+from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
+from egraft.kernels.cpu.workers import NativeWorkers
 from egraft.lowering.compile import Lowered
 from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
 
@@ -67,12 +71,18 @@ def default_threads() -> int:
 _SCRATCH = threading.local()
 
 
+@cache
+def _workers_of(pid: int) -> NativeWorkers:
+    """This process's native workers, one per core but the caller's, each with its own
+    scratch. Keyed by process id: a child made by ``fork`` has none of its parent's threads
+    and starts its own (waiting on the parent's would hang)."""
+    return NativeWorkers([_aligned_empty(SCRATCH_BYTES) for _ in range(cpu_count() - 1)])
+
+
 def thread_scratch() -> int:
     """The address of this thread's kernel scratch (64-byte aligned, allocated once)."""
     address = getattr(_SCRATCH, "address", None)
     if address is None:
-        from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
-
         _SCRATCH.buffer = _aligned_empty(SCRATCH_BYTES)
         address = _SCRATCH.address = _SCRATCH.buffer.ctypes.data
     return address
@@ -168,6 +178,7 @@ class CompiledModel:
         self._placement_cache: dict[tuple[int, ...], list[tuple]] = {}
         self._plans_lock = threading.Lock()
         self._arenas: list[np.ndarray] = []  # arenas of finished calls, for the next ones
+        self._work_cache: dict[tuple[int, ...], dict[int, float]] = {}
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
         #: the registry entry of every fallback step, resolved once
         self._fallback_ops = {step.index: resolve_op(step.node, self._opsets[step.index])
@@ -250,6 +261,8 @@ class CompiledModel:
         scratch = thread_scratch()
         clock = time.perf_counter_ns
         threads = max(int(self.threads), 1)
+        workers = _workers_of(os.getpid()) if threads > 1 else None
+        split = self._split_work(bound) if workers is not None else {}
         for step in lowered.steps:
             started = clock() if profile is not None else 0
             if step.kind == "kernel":
@@ -257,8 +270,8 @@ class CompiledModel:
                     if v is not None and v.name in lowered.dynamic:
                         place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
                 function = self._functions[step.index]
-                if threads > 1 and step.parallel and step.work >= MIN_PARALLEL_WORK:
-                    self._run_parallel(self._addresses[step.index], table_address, dims_address, threads)
+                if threads > 1 and split.get(step.index, 0) >= MIN_PARALLEL_WORK:
+                    workers.run(self._addresses[step.index], table_address, dims_address, threads, scratch)
                 else:
                     function(table_address, dims_address, 0, 1, scratch)
             elif step.kind == "view":
@@ -294,14 +307,27 @@ class CompiledModel:
             if len(self._arenas) < 4:  # enough for a few concurrent callers
                 self._arenas.append(arena)
 
-    @staticmethod
-    def _run_parallel(address: int, table: int, dims: int, threads: int) -> None:
-        """One kernel split into parts: part 0 on this thread, the others on the native
-        workers (:mod:`egraft.kernels.cpu.workers`); alone when another call has them."""
-        from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
-        from egraft.kernels.cpu.workers import native_workers
+    def _split_work(self, bound: Mapping[str, int]) -> dict[int, float]:
+        """The flops of each parallel kernel at these dims (the op registry's work formulas,
+        as the cost model prices them), computed once per binding: only kernels worth
+        splitting are split."""
+        key = tuple(bound.get(s, 0) for s in self._lowered.symbols)
+        work = self._work_cache.get(key)
+        if work is None:
+            graph = self.graph
+            work = {step.index: op_work(step.node.op, step.node.domain, step.node.attrs,
+                                        [None if v is None else v.type for v in step.node.inputs],
+                                        [None if v is None else v.type for v in step.node.outputs],
+                                        bound, graph.opsets.get("", 21)).flops
+                    for step in self._lowered.steps if step.parallel}
+            with self._plans_lock:
+                self._work_cache[key] = work
+        return work
 
-        native_workers(cpu_count() - 1, SCRATCH_BYTES).run(address, table, dims, threads, thread_scratch())
+    def parallel_work(self, bindings: Mapping[str, int] | None = None) -> dict[int, float]:
+        """Flops per call of each parallel kernel (by node index) at ``bindings``; the runtime
+        splits those over :data:`MIN_PARALLEL_WORK`."""
+        return dict(self._split_work(dict(bindings or {})))
 
     def _placements(self, bound: Mapping[str, int], plan: MemoryPlan) -> list[tuple]:
         """What a call places before its steps run, computed once per binding:

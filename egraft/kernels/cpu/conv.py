@@ -284,8 +284,6 @@ class ConvEmitter:
         full_blocks, tail = divmod(g.group_out, BLOCK_CHANNELS)
         groups_lo, groups_hi = (ctx.share(g.group) if g.group > 1  # depthwise: channels split over threads
                                 else (const64(0), const64(1)))
-        images = g.batch if isinstance(g.batch, int) else 1
-        ctx.work = 2 * images * g.out_channels * g.group_in * g.k_h * g.k_w * g.out_h * g.out_w
         with ctx.loop(ctx.dim(g.batch), name="n") as n:
             with ctx.loop(groups_hi, name="g", start=groups_lo) as grp:
                 first = self.b.mul(grp, const64(g.group_out))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu.emit import I64, KernelContext
 from egraft.kernels.cpu.sgemm import BIAS_PER_ROW, MAX_SEGMENTS, Epilogue, blocking, emit_call, pack_a_constant
 
@@ -84,7 +85,7 @@ def fits(ctx: KernelContext, geo, residual: int | None, activation: str) -> bool
         return False
     if residual is not None:
         z, y = ctx.shape(ctx.in_type(residual)), ctx.shape(ctx.out_type(0))
-        same_shape = len(z) == len(y) and all(str(a) == str(b) for a, b in zip(z, y))
+        same_shape = len(z) == len(y) and all(dims_equal(a, b) for a, b in zip(z, y))
         if not same_shape or ctx.in_type(residual).dtype.short != "f32":
             return False
     return True
@@ -117,7 +118,6 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
     bias_ptr = ctx.in_ptr(bias) if bias is not None else None
     z = ctx.in_ptr(residual) if residual is not None else None
     batch = geo.batch
-    ctx.work = 2 * geo.out_channels * k * pixels * (int(batch) if isinstance(batch, int) else 1)
 
     def at(ptr: ir.Value, offset: ir.Value) -> ir.Value:
         return b.gep(ptr, [offset])

@@ -101,8 +101,6 @@ class KernelContext(NodeAttrs):
             arg.name = arg_name
         #: Set by a generator whose code computes only share ``part`` of ``parts``.
         self.parallel = False
-        #: Roughly how many flops one call does (the runtime splits only kernels worth it).
-        self.work = 0
         self._entry = self.function.append_basic_block("entry")
         self._start = self.function.append_basic_block("start")
         self.builder = ir.IRBuilder(self._start)

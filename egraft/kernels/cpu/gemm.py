@@ -34,6 +34,7 @@ from typing import Any
 import sympy
 from llvmlite import ir
 
+from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
 from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, is_float, llvm_type
@@ -383,7 +384,6 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
     a_shape = ctx.shape(ctx.in_type(0))
     a_stacked = len(a_shape) >= 2 and len(a_shape) - 2 == len(batch) and dim_is(a.col_stride, 1) \
         and all(sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a_shape[:-2], batch))
-    ctx.work = _flops([*batch, m, n, k])
     if batch and a_stacked and all(dim_is(s, 0) for s in b_batch):
         rows = sympy.expand(sympy.Mul(*batch, m))
         used = emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None)
@@ -396,15 +396,6 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
     with strided_loops(ctx, batch, [a_batch, b_batch, out_batch]) as (a_off, b_off, out_off):
         emit_gemm(ctx, a, a_off, b, b_off, out, out_off, m, n, k, None, parallel=plain)
     return plain
-
-
-def _flops(dims: Sequence[Dim]) -> int:
-    """2 * the product of ``dims``, symbolic dims counted as 1 (a lower bound)."""
-    total = 2
-    for d in dims:
-        d = sympy.sympify(d)
-        total *= int(d) if d.is_Integer else 1
-    return total
 
 
 def _fused_epilogue(ctx: KernelContext, bias: int | None, residual: int | None, alpha: float = 1.0,
@@ -427,11 +418,11 @@ def _fused_epilogue(ctx: KernelContext, bias: int | None, residual: int | None, 
         shape = tuple(ctx.shape(ctx.in_type(bias)))
         if ctx.in_type(bias).dtype != ctx.out_type(0).dtype:
             return None
-        if len(shape) >= 1 and all(dim_is(d, 1) for d in shape[:-1]) and dims_match(shape[-1], n) \
+        if len(shape) >= 1 and all(dim_is(d, 1) for d in shape[:-1]) and dims_equal(shape[-1], n) \
                 and not dim_is(n, 1):
             spec.update(bias=ctx.in_ptr(bias), bias_kind=BIAS_PER_COLUMN)
         elif len(shape) >= 2 and len(out_shape) == 2 and all(dim_is(d, 1) for d in shape[:-2]) \
-                and dims_match(shape[-2], m) and dim_is(shape[-1], 1):
+                and dims_equal(shape[-2], m) and dim_is(shape[-1], 1):
             spec.update(bias=ctx.in_ptr(bias), bias_kind=BIAS_PER_ROW)
         else:
             return None
@@ -439,18 +430,14 @@ def _fused_epilogue(ctx: KernelContext, bias: int | None, residual: int | None, 
         shape = tuple(ctx.shape(ctx.in_type(residual)))
         if ctx.in_type(residual).dtype != ctx.out_type(0).dtype:
             return None
-        if len(shape) == len(out_shape) and all(dims_match(x, y) for x, y in zip(shape, out_shape)):
+        if len(shape) == len(out_shape) and all(dims_equal(x, y) for x, y in zip(shape, out_shape)):
             spec.update(res=ctx.in_ptr(residual), ldr=n)
-        elif len(shape) >= 1 and all(dim_is(d, 1) for d in shape[:-1]) and dims_match(shape[-1], n) \
+        elif len(shape) >= 1 and all(dim_is(d, 1) for d in shape[:-1]) and dims_equal(shape[-1], n) \
                 and not dim_is(n, 1):
             spec.update(res=ctx.in_ptr(residual), ldr=0)
         else:
             return None
     return Epilogue(**spec)
-
-
-def dims_match(x: Dim, y: Dim) -> bool:
-    return sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0
 
 
 @register_kernel("MatMul")
@@ -482,7 +469,6 @@ def emit_gemm_node(ctx: KernelContext) -> None:
     a = Matrix(ctx.in_ptr(0), 1, m) if ctx.attr("transA", 0) else Matrix(ctx.in_ptr(0), a_shape[1], 1)
     b = Matrix(ctx.in_ptr(1), 1, k) if ctx.attr("transB", 0) else Matrix(ctx.in_ptr(1), n, 1)
     zero = ir.Constant(I64, 0)
-    ctx.work = _flops([m, n, k])
     alpha, beta = float(ctx.attr("alpha", 1.0)), float(ctx.attr("beta", 1.0))
     fused = ctx.node.domain == "com.egraft"
     has_c = ctx.has_input(2) and beta != 0.0

@@ -136,8 +136,6 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
         vector_lo = vector_hi = 0
     vector_hi = vector_lo + (vector_hi - vector_lo) // width * width
     planes_lo, planes_hi = ctx.share(ctx.dim(geo.batch_channels))  # planes are independent: split over threads
-    planes = geo.batch_channels if isinstance(geo.batch_channels, int) else 1
-    ctx.work = planes * geo.out_h * geo.out_w * geo.k_h * geo.k_w
     with ctx.loop(planes_hi, name="nc", start=planes_lo) as nc:
         with ctx.loop(geo.out_h, name="oh") as oh:
             y_row = affine(b, [(nc, geo.out_h * geo.out_w), (oh, geo.out_w)])

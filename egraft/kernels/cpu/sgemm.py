@@ -494,7 +494,6 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
     """``bbuf[q][kk][jj] = B[pc + kk, jc + q*NR + jj]`` (zero past ``nc``), from a strided
     matrix or from the image (implicit im2col)."""
     b, nr, vw = e.b, e.blk.nr, e.blk.vw
-    zero_v = ir.Constant(e.vt, [0.0] * vw)
     with e.loop(0, nc, nr, name="pq") as q0:
         base = b.mul(b.sdiv(q0, e.i64(nr)), b.mul(kc, e.i64(nr)))
         j0 = b.add(jc, q0)
@@ -519,7 +518,6 @@ def _pack_b(e: _Emitter, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off,
                                 col = b.select(in_n, b.add(j0, e.i64(jj)), j0)
                                 v = b.load(b.gep(bmat, [b.add(row, b.mul(col, b_cs))]))
                                 b.store(b.select(in_n, v, e.f32(0.0)), b.gep(bbuf, [b.add(dst, e.i64(jj))]))
-    del zero_v
 
 
 def _pack_conv_panel(e: _Emitter, bbuf, base, j0, q0, nc, full, pc, kc, bmat, k_off, k_h, k_w, n_h, n_w, panel_run,
@@ -534,11 +532,10 @@ def _pack_conv_panel(e: _Emitter, bbuf, base, j0, q0, nc, full, pc, kc, bmat, k_
     q = b.sdiv(j0, e.i64(nr))
     runs = b.load(b.gep(panel_run, [q]))
     first = b.gep(segments, [b.mul(q, e.i64(4 * MAX_SEGMENTS))])
-    ls0, le0, nh0, nw0 = (b.load(b.gep(first, [e.i64(f)])) for f in range(4))
+    le0, nh0, nw0 = (b.load(b.gep(first, [e.i64(f)])) for f in (1, 2, 3))  # the first run's end, row, column
     whole_run = b.and_(b.and_(full, b.icmp_signed("==", runs, e.i64(1))), b.icmp_signed("==", le0, e.i64(nr)))
     unit = b.icmp_signed("==", run_stride, e.i64(1))
     span = b.add(b.mul(e.i64(nr - 1), run_stride), e.i64(1))  # input columns a whole run covers
-    del ls0
     with e.loop(0, kc, name="pbk") as kk:
         kidx = b.add(pc, kk)
         koff, kh, kw = (b.load(b.gep(t, [kidx])) for t in (k_off, k_h, k_w))

@@ -152,7 +152,6 @@ def emit_winograd(ctx: KernelContext, geo, bias: int | None, activation: str, pa
     u_ptr = ctx.derived_constant("packed_u", packed)
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     bias_ptr = ctx.in_ptr(bias) if bias is not None else None
-    ctx.work = 2 * 9 * c_in * c_out * geo.out_h * geo.out_w
 
     def const(v: int) -> ir.Constant:
         return ir.Constant(I64, v)

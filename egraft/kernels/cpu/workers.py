@@ -14,16 +14,14 @@ workers at a time (a compare-and-swap on ``busy``); a caller that finds them bus
 its kernel alone, so concurrent callers never oversubscribe the cores.
 
 Example:
-    >>> workers = native_workers()                                       # doctest: +SKIP
+    >>> workers = NativeWorkers([scratch])                               # doctest: +SKIP
     >>> workers.run(kernel_address, table, dims, parts=2, scratch=s)    # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
-from functools import cache
 
 import numpy as np
 from llvmlite import ir
@@ -147,12 +145,11 @@ def _module_text() -> str:
 
 
 class NativeWorkers:
-    """``count`` native worker threads and the state they share (see the module docstring)."""
+    """Native worker threads, one per scratch buffer given (64-byte aligned, kept alive
+    here), and the state they share (see the module docstring)."""
 
-    def __init__(self, count: int, scratch_bytes: int):
-        from egraft.lowering.memory import ALIGNMENT
-
-        self.count = count
+    def __init__(self, scratch: list[np.ndarray]):
+        self.count = len(scratch)
         self._jit = JitModule(_module_text())
         self._state = np.zeros(STATE_FIELDS, np.int64)
         self._run = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -160,13 +157,10 @@ class NativeWorkers:
             self._jit.address("egraft_parallel"))
         loop = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
             self._jit.address("egraft_worker"))
-        self._scratch = []
+        self._scratch = scratch
         self._threads = []
-        for index in range(count):
-            raw = np.empty(scratch_bytes + ALIGNMENT, np.uint8)
-            shift = (-raw.ctypes.data) % ALIGNMENT
-            self._scratch.append(raw)
-            thread = threading.Thread(target=loop, args=(self._state.ctypes.data, index, raw.ctypes.data + shift),
+        for index, buffer in enumerate(scratch):
+            thread = threading.Thread(target=loop, args=(self._state.ctypes.data, index, buffer.ctypes.data),
                                       name=f"egraft-worker-{index}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -178,15 +172,4 @@ class NativeWorkers:
         return self._run(self._state.ctypes.data, kernel, table, dims, parts, scratch, self.count)
 
 
-def native_workers(count: int, scratch_bytes: int) -> NativeWorkers:
-    """The process's workers (started on first use, one set per size). A child made by
-    ``fork`` has none of its parent's threads: it starts its own."""
-    return _workers_of(os.getpid(), count, scratch_bytes)
-
-
-@cache
-def _workers_of(pid: int, count: int, scratch_bytes: int) -> NativeWorkers:
-    return NativeWorkers(count, scratch_bytes)
-
-
-__all__ = ["NativeWorkers", "native_workers"]
+__all__ = ["NativeWorkers"]
