@@ -14,13 +14,9 @@ Run: python benchmarks/compile_latency.py [--repeat 10] [--models resnet50 ...]
 from __future__ import annotations
 
 import argparse
-import atexit
 import math
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -29,7 +25,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import egraft  # noqa: E402
-from egraft.testing.bench import ZOO, ort_session, reference_outputs, zoo_model  # noqa: E402
+from egraft.testing.bench import ZOO, ort_session, reference_outputs, temporary_cache, zoo_model  # noqa: E402
 from egraft.testing.models import scale_relative_error  # noqa: E402
 from egraft.testing.timing import median_ms  # noqa: E402
 
@@ -40,8 +36,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=None)
     args = parser.parse_args()
     names = args.models or list(ZOO)
-    os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
-    atexit.register(shutil.rmtree, os.environ["EGRAFT_CACHE_DIR"], ignore_errors=True)  # gigabytes of builds
+    folder = temporary_cache()
     table = Table(title=f"egraft compiled (1 thread) vs onnxruntime (1 thread): median of {args.repeat} runs")
     for col in ("model", "compile s", "cached s", "kernels", "fallbacks", "error", "egraft ms", "ort ms",
                 "egraft/ort"):
@@ -49,7 +44,7 @@ def main() -> None:
     ratios = []
     for name in names:
         model, feeds = zoo_model(name)
-        path = Path(os.environ["EGRAFT_CACHE_DIR"]) / f"{name}.onnx"
+        path = folder / f"{name}.onnx"
         onnx.save(model, path)  # compiled from a file, as `egraft compile` does
         t = time.perf_counter()
         compiled = egraft.compile(path)

@@ -19,12 +19,9 @@ Run: python benchmarks/costmodel.py [--repeat 10] [--models resnet50 encoder] [-
 from __future__ import annotations
 
 import argparse
-import atexit
 import math
 import os
-import shutil
 import statistics
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +38,7 @@ from egraft.extract.calibrate_kernels import kernel_step_times  # noqa: E402
 from egraft.extract.cost import cost_model  # noqa: E402
 from egraft.extract.profiles import config_dir, load_profile  # noqa: E402
 from egraft.ir.interpreter import check_feeds  # noqa: E402
-from egraft.testing.bench import ZOO, zoo_model  # noqa: E402
+from egraft.testing.bench import ZOO, temporary_cache, zoo_model  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -102,9 +99,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="mispredicted kernels to list")
     args = parser.parse_args()
     names = args.models or list(ZOO)
-    os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
-    atexit.register(shutil.rmtree, os.environ["EGRAFT_CACHE_DIR"], ignore_errors=True)  # gigabytes of builds
-    folder = Path(os.environ["EGRAFT_CACHE_DIR"])
+    folder = temporary_cache()
     profile = load_profile("cpu-host")
     calibrated = Path(profile.path).is_relative_to(config_dir())
     console = Console(width=160)

@@ -16,11 +16,8 @@ Run: python benchmarks/zoo.py [--repeat 10] [--models resnet50 encoder] [--threa
 from __future__ import annotations
 
 import argparse
-import atexit
 import math
 import os
-import shutil
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +29,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 import egraft  # noqa: E402
-from egraft.testing.bench import ZOO, ort_session, reference_outputs, zoo_model  # noqa: E402
+from egraft.testing.bench import ZOO, ort_session, reference_outputs, temporary_cache, zoo_model  # noqa: E402
 from egraft.testing.models import LIGHT_MODELS, scale_relative_error  # noqa: E402
 from egraft.testing.timing import interleaved_medians_ms, median_ms  # noqa: E402
 
@@ -82,9 +79,7 @@ def main() -> None:
     parser.add_argument("--threads", nargs="*", type=int, default=[1, 2], help="thread counts to compare")
     args = parser.parse_args()
     names = args.models or list(ZOO)
-    os.environ["EGRAFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="egraft-bench-cache-")
-    atexit.register(shutil.rmtree, os.environ["EGRAFT_CACHE_DIR"], ignore_errors=True)  # gigabytes of builds
-    folder = Path(os.environ["EGRAFT_CACHE_DIR"])
+    folder = temporary_cache()
     first = args.threads[0]
     table = Table(title=f"egraft vs onnxruntime: median ms of {args.repeat} runs; ablations at {first} thread(s)")
     table.add_column("model")

@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 
@@ -54,3 +56,21 @@ def reference_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> d
 
 
 __all__ = ["ZOO", "zoo_model", "ort_session", "reference_outputs"]
+
+
+def temporary_cache() -> Path:
+    """Point ``EGRAFT_CACHE_DIR`` at a fresh directory, removed when the process exits (a
+    benchmark's builds take gigabytes); returns it.
+
+    Example:
+        >>> folder = temporary_cache()              # doctest: +SKIP
+    """
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="egraft-bench-cache-"))
+    os.environ["EGRAFT_CACHE_DIR"] = str(folder)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
