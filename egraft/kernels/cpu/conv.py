@@ -35,7 +35,7 @@ from llvmlite import ir
 from egraft.ir.ops.nn_spatial import _window
 from egraft.kernels.cpu import register_kernel, winograd
 from egraft.kernels.cpu.elementwise import broadcast_strides
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type, masked_load
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Output channels per register block of the vector micro-kernel.
@@ -454,15 +454,8 @@ class ConvEmitter:
             return b.load(pointer, align=self.t_size)
         if not any(mask):
             return None
-        vector_type = ir.VectorType(self.t, width)
         mask_type = ir.VectorType(ir.IntType(1), width)
-        name = f"llvm.masked.load.v{width}{'f32' if self.t_size == 4 else 'f64'}.p0"
-        fn = self.ctx.module.globals.get(name) or ir.Function(
-            self.ctx.module, ir.FunctionType(vector_type, [pointer.type, ir.IntType(32), mask_type, vector_type]),
-            name)
-        return b.call(fn, [pointer, ir.Constant(ir.IntType(32), self.t_size),
-                           ir.Constant(mask_type, [int(m) for m in mask]),
-                           ir.Constant(vector_type, [0.0] * width)])
+        return masked_load(b, self.x, index, ir.Constant(mask_type, [int(m) for m in mask]))
 
     def emit_tile(self, row: _Row, ow0: ir.Value, vectors: int, first: int | None = None) -> None:
         """``row.block`` output channels times ``vectors`` vectors of columns from ``ow0``,

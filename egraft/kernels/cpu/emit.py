@@ -273,6 +273,24 @@ class KernelContext(NodeAttrs):
             self.builder.ret_void()
 
 
+def masked_load(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> ir.Value:
+    """``len(mask)`` elements of ``ptr[index..]`` where ``mask`` is set, zero elsewhere;
+    masked lanes are not read (they may lie outside the buffer): ``llvm.masked.load``.
+
+    Example: the columns of an image row inside ``[0, width)``, at the padding.
+    """
+    element = ptr.type.pointee
+    lanes = mask.type.count
+    vt = ir.VectorType(element, lanes)
+    pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
+    size = 4 if element == F32 else 8
+    name = f"llvm.masked.load.v{lanes}{'f32' if element == F32 else 'f64'}.p0"
+    module = b.module
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(vt, [pointer.type, I32, mask.type, vt]),
+                                                 name)
+    return b.call(fn, [pointer, ir.Constant(I32, size), mask, ir.Constant(vt, [0.0] * lanes)])
+
+
 class MathEmitter:
     """Scalar math in LLVM IR: intrinsics where LLVM has them (vectorizable), libm calls
     otherwise (tanh, erf)."""

@@ -48,6 +48,7 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 
+from egraft.kernels.cpu.emit import masked_load
 from egraft.kernels.cpu.llvm import JitModule, host_cpu, host_vector_bits
 
 F32 = ir.FloatType()
@@ -607,27 +608,16 @@ def _runs_vector(e: _Emitter, h: int, first, runs, koff, kh, kw, bmat, run_strid
             start = b.sub(b.add(koff, b.add(b.mul(nh, width), nw)), b.mul(ls, run_stride))
             with b.if_else(b.icmp_signed("==", run_stride, e.i64(1))) as (unit, double):
                 with unit:
-                    value = _masked_load(e, bmat, b.add(start, e.i64(h * vw)), mask, vw)
+                    value = masked_load(b, bmat, b.add(start, e.i64(h * vw)), mask)
                     b.store(b.select(mask, value, b.load(slot)), slot)
                 with double:
                     doubled = ir.Constant(ir.VectorType(I32, 2 * vw), [i // 2 for i in range(2 * vw)])
                     wide_mask = b.shuffle_vector(mask, ir.Constant(mask.type, None), doubled)
                     wide_mask = b.and_(wide_mask, ir.Constant(ir.VectorType(I1, 2 * vw),
                                                               [int(i % 2 == 0) for i in range(2 * vw)]))
-                    value = _evens(e, _masked_load(e, bmat, b.add(start, e.i64(2 * h * vw)), wide_mask, 2 * vw))
+                    value = _evens(e, masked_load(b, bmat, b.add(start, e.i64(2 * h * vw)), wide_mask))
                     b.store(b.select(mask, value, b.load(slot)), slot)
     return b.load(slot)
-
-
-def _masked_load(e: _Emitter, ptr, index, mask, lanes: int) -> ir.Value:
-    """``lanes`` floats from ``ptr[index..]`` where ``mask`` is set (zero elsewhere, not read)."""
-    b = e.b
-    vt = ir.VectorType(F32, lanes)
-    pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
-    name = f"llvm.masked.load.v{lanes}f32.p0"
-    module = e.fn.module
-    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(vt, [pointer.type, I32, mask.type, vt]), name)
-    return b.call(fn, [pointer, ir.Constant(I32, 4), mask, ir.Constant(vt, [0.0] * lanes)])
 
 
 def _evens(e: _Emitter, wide: ir.Value) -> ir.Value:

@@ -31,7 +31,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.ops.winograd import winograd_weights
-from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext
+from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext, masked_load
 from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES, Epilogue, blocking, emit_call, pack_a_constant
 
 #: Bytes of each thread's scratch given to the transformed input and the products.
@@ -102,12 +102,6 @@ class _Vectors:
     def _intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         module = self.ctx.module
         return module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, args), name)
-
-    def masked_load(self, ptr: ir.Value, index: ir.Value, mask: ir.Value, width: int) -> ir.Value:
-        b, vt = self.b, self.vtype(width)
-        pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
-        fn = self._intrinsic(f"llvm.masked.load.v{width}f32.p0", vt, [pointer.type, I32, mask.type, vt])
-        return b.call(fn, [pointer, ir.Constant(I32, 4), mask, ir.Constant(vt, [0.0] * width)])
 
     def masked_store(self, value: ir.Value, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> None:
         b, vt = self.b, value.type
@@ -213,9 +207,9 @@ def _input_transform(ctx, vec: _Vectors, geo, x_image, v_base, ty0, rows, ld: in
                     row = b.add(y0, const(i))
                     inside = b.and_(b.icmp_signed(">=", row, const(0)), b.icmp_signed("<", row, height))
                     start = b.mul(b.select(inside, row, const(0)), width)
-                    a = vec.masked_load(channel, b.add(start, x0), vec.lane_mask(x0, width, 2 * vw, inside), 2 * vw)
+                    a = masked_load(b, channel, b.add(start, x0), vec.lane_mask(x0, width, 2 * vw, inside))
                     x2 = b.add(x0, const(2))
-                    a2 = vec.masked_load(channel, b.add(start, x2), vec.lane_mask(x2, width, 2 * vw, inside), 2 * vw)
+                    a2 = masked_load(b, channel, b.add(start, x2), vec.lane_mask(x2, width, 2 * vw, inside))
                     d.append([vec.pick(a, 0), vec.pick(a, 1), vec.pick(a2, 0), vec.pick(a2, 1)])
                 t = [[b.fsub(d[0][j], d[2][j]) for j in range(4)], [b.fadd(d[1][j], d[2][j]) for j in range(4)],
                      [b.fsub(d[2][j], d[1][j]) for j in range(4)], [b.fsub(d[1][j], d[3][j]) for j in range(4)]]
