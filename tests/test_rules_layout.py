@@ -137,6 +137,23 @@ def test_conv_nchwc_is_conv_on_blocked_tensors(attrs, block):
     assert_close(from_blocked(ours, block), want)
 
 
+@pytest.mark.parametrize("activation, params", [("relu", []), ("clip", [-0.5, 0.5]), ("", [])])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_conv_nchwc_applies_fused_convs_epilogue_in_the_blocked_layout(activation, params, dtype):
+    x, w, b = randn(2, 8, 7, 6, dtype=dtype), randn(16, 8, 3, 3, dtype=dtype), randn(16, dtype=dtype)
+    z = randn(2, 16, 7, 6, dtype=dtype)
+    feeds = {"x": to_blocked(x, 8), "w": w, "b": b, "z": to_blocked(z, 8)}
+    attrs = {"pads": [1, 1, 1, 1], "activation": activation, "activation_params": params}
+    ours = run_kernel_and_export(layout_graph("ConvNCHWc", typed(feeds), attrs), feeds)
+    want = standard_conv(x, w, b, {"pads": [1, 1, 1, 1]}) + z.astype(np.float32)
+    if activation == "relu":
+        want = np.maximum(want, 0)
+    elif activation == "clip":
+        want = np.clip(want, *params)
+    assert ours.dtype == dtype
+    assert_close(from_blocked(ours, 8), want.astype(dtype))
+
+
 def test_layout_ops_keep_a_symbolic_batch():
     batch = sym("batch")
     nhwc = layout_graph("ConvNHWC", [("x", TensorType(F32, (batch, 7, 7, 8))), ("w", TensorType(F32, (16, 8, 3, 3)))],
@@ -280,13 +297,18 @@ def test_a_conv_that_folding_absorbs_is_converted_only_once_folded():
     assert_matches_onnxruntime(graph, model, {"x": randn(2, 8, 5, 5)})
 
 
-def chain_model(batch="batch", residual: bool = False) -> onnx.ModelProto:
-    """Conv -> Relu -> Conv (-> + the Relu's output when ``residual``) on x [batch, 8, 6, 6]."""
+def chain_model(batch="batch", residual: bool = False, final_relu: bool = False) -> onnx.ModelProto:
+    """Conv -> Relu -> Conv (-> + the Relu's output when ``residual``, -> Relu when ``final_relu``)
+    on x [batch, 8, 6, 6]."""
     nodes = [conv("x", "1"), helper.make_node("Relu", ["conv1"], ["relu1"]), conv("relu1", "2")]
     if residual:
         nodes.append(helper.make_node("Add", ["conv2", "relu1"], ["sum"]))
+    output = "sum" if residual else "conv2"
+    if final_relu:
+        nodes.append(helper.make_node("Relu", [output], ["out"]))
+        output = "out"
     inits = {**conv_weights(8, 16, "1"), **conv_weights(16, 16 if residual else 8, "2")}
-    return make_model(nodes, {"x": [batch, 8, 6, 6]}, "sum" if residual else "conv2", inits)
+    return make_model(nodes, {"x": [batch, 8, 6, 6]}, output, inits)
 
 
 def test_a_conv_relu_conv_chain_runs_channels_last_with_only_the_edge_transposes():
@@ -328,6 +350,22 @@ def test_a_residual_add_stays_in_the_other_layout(costs, expected):
     assert report.rules["add_through_unblock"].applied >= 1
     graph = extract_graph(state.snapshot(), prefer(**costs))
     assert ops(graph) == expected
+    assert_matches_onnxruntime(graph, model, {"x": randn(2, 8, 6, 6)})
+
+
+def test_a_residual_block_runs_as_two_fused_blocked_convs():
+    """Conv -> Relu -> Conv -> Add -> Relu: with fusion, both Relus and the residual Add become the
+    blocked convs' epilogues (blocked_conv_relu, blocked_conv_add_relu), the input and output
+    converted once."""
+    model = chain_model(residual=True, final_relu=True)
+    state, report = saturated(model, ("layout", "fusion"))
+    assert report.rules["blocked_conv_relu"].applied >= 1
+    assert report.rules["blocked_conv_add_relu"].applied + report.rules["add_blocked_conv_relu"].applied >= 1
+    graph = extract_graph(state.snapshot(), prefer(ConvNCHWc=0, Conv=10, FusedConv=10))
+    assert ops(graph) == ["LayoutToBlocked", "ConvNCHWc", "ConvNCHWc", "LayoutFromBlocked"]
+    first, second = graph.nodes[1], graph.nodes[2]
+    assert first.attrs["activation"] == second.attrs["activation"] == "relu"
+    assert second.inputs[3] is not None and second.inputs[3].name == first.outputs[0].name
     assert_matches_onnxruntime(graph, model, {"x": randn(2, 8, 6, 6)})
 
 

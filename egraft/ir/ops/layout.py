@@ -6,8 +6,10 @@ created by egraft/rules/layout.rules as alternatives beside the standard NCHW Co
 - ``LayoutToBlocked(X) {block}``: ``[N, C, *S] -> [N, C/block, *S, block]``, channel ``c`` going to
   block ``c // block``, lane ``c % block`` (C must be a known multiple of ``block``);
 - ``LayoutFromBlocked(Y) {block}``: its inverse, ``[N, C/block, *S, block] -> [N, C, *S]``;
-- ``ConvNCHWc(Xb, W, B?) {block}``: Conv on channel-blocked input and output,
-  ``[N, C/block, *S, block] -> [N, M/block, *S', block]`` (M must be a multiple of ``block`` too).
+- ``ConvNCHWc(Xb, W, B?, Z?) {block, activation}``: Conv on channel-blocked input and output,
+  ``[N, C/block, *S, block] -> [N, M/block, *S', block]`` (M must be a multiple of ``block`` too),
+  with FusedConv's epilogue: ``act(Conv(Xb, W, B) + Z)``, ``Z`` in the output's blocked layout, so a
+  chain of fused convolutions can stay blocked.
 
 The convolutions reuse Conv's own inference and kernel (``conv_infer``/``conv_compute`` of
 nn_spatial) on the standard layout, with the layout changes around them, so no shape rule is
@@ -30,9 +32,17 @@ import onnx
 from onnx import helper, numpy_helper
 
 from egraft.ir.dims import Dim, dims_conflict
-from egraft.ir.dtypes import DType
 from egraft.ir.ops._common import fail, same_float_dtype
-from egraft.ir.ops.fused import CONV_ATTR_SPECS, CONV_ATTRS
+from egraft.ir.ops.fused import (
+    CONV_ATTR_SPECS,
+    CONV_ATTRS,
+    _activate,
+    _activation_attrs,
+    _add_to,
+    _check_activation,
+    _check_addend,
+)
+from egraft.ir.ops.fused import _Body as _FusedBody
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
 from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
 from egraft.ir.types import TensorType
@@ -140,21 +150,8 @@ def _attr(node, name: str):
     return get_op(node.op, node.domain or DOMAIN).attrs[name].default
 
 
-class _Body:
-    """A FunctionProto under construction: ``add`` appends a node and returns its fresh output name."""
-
-    def __init__(self, node, formals: Sequence[str]) -> None:
-        self.node = node
-        given = list(node.inputs)
-        while given and given[-1] is None:
-            given.pop()
-        self.formals = list(formals[: len(given)])
-        self.nodes: list[onnx.NodeProto] = []
-
-    def add(self, op: str, *inputs: str, **attrs) -> str:
-        out = f"t{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
-        return out
+class _Body(_FusedBody):
+    """A FunctionProto under construction (FusedConv's, with the layout changes and an ``output``)."""
 
     def ints(self, values: Sequence[int]) -> str:
         """A constant int64 vector."""
@@ -174,17 +171,20 @@ class _Body:
                           axis=0)
         return self.add("Reshape", lanes, target)
 
-    def conv(self, x: str) -> str:
+    def conv(self, x: str, keep_work: bool = False) -> str:
         """Conv of ``x`` (NCHW) with the node's W, B and Conv attributes, computed in float32 for
-        half precision and rounded back once."""
-        dtype: DType = self.node.inputs[0].type.dtype
-        half = dtype not in (DType.FLOAT32, DType.FLOAT64)
-        operands = [x, *self.formals[1:]]
-        if half:
-            operands = [self.add("Cast", name, to=DType.FLOAT32.value) for name in operands]
+        half precision and rounded back once (left in float32 with ``keep_work``, for an epilogue)."""
+        half = self.dtype is not self.work
+        operands = [self.add("Cast", x, to=self.work.value) if half else x]
+        operands += [self.input(i) for i in (1, 2) if self.has(i)]
         attrs = {k: self.node.attrs[k] for k in CONV_ATTRS if self.node.attrs.get(k) not in (None, [], ())}
         y = self.add("Conv", *operands, **attrs)
-        return self.add("Cast", y, to=dtype.value) if half else y
+        return self.add("Cast", y, to=self.dtype.value) if half and not keep_work else y
+
+    def epilogue(self, y: str) -> str:
+        """``act(y + Z)`` of the work-dtype ``y``, rounded to the node's dtype."""
+        y = self.activation(self.add_optional(y, 3))
+        return self.add("Cast", y, to=self.dtype.value) if self.dtype is not self.work else y
 
     def function(self, result: str) -> onnx.FunctionProto:
         self.nodes.append(helper.make_node("Identity", [result], ["output"]))
@@ -269,30 +269,35 @@ register_op(
 # ---- ConvNCHWc ----------------------------------------------------------------------------------
 def _conv_nchwc_infer(ctx: InferContext) -> list[TensorType]:
     dtype = same_float_dtype(ctx)
+    _check_activation(ctx)
     block = _block(ctx)
     xb = _shape_of(ctx, 0, 4, "Xb [N, C/block, *S, block]")
     try:
-        out = _standard_conv_shape(ctx, unblocked_shape(xb, block))
-        return [TensorType(dtype, blocked_shape(out, block))]
+        out = blocked_shape(_standard_conv_shape(ctx, unblocked_shape(xb, block)), block)
     except ValueError as e:
         raise fail(ctx, str(e)) from None
+    _check_addend(ctx, 3, out, "Z")
+    return [TensorType(dtype, out)]
 
 
-def _conv_nchwc(ctx, xb, w, b=None):
-    """Conv on blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]."""
+def _conv_nchwc(ctx, xb, w, b=None, z=None):
+    """act(Conv(Xb, W, B) + Z) on blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]."""
     block = _block(ctx)
-    y = conv_compute(ctx, from_blocked(xb, block), w, b)[0]
-    return [to_blocked(y, block)]
+    work = np.float64 if xb.dtype == np.float64 else np.float32
+    y = conv_compute(ctx, from_blocked(xb, block).astype(work, copy=False), w.astype(work, copy=False),
+                     None if b is None else b.astype(work, copy=False))[0]
+    y = _add_to(to_blocked(y, block), None if z is None else z.astype(work, copy=False), "Z")
+    return [_activate(ctx, y).astype(xb.dtype, copy=False)]
 
 
 def _conv_nchwc_function(node) -> onnx.FunctionProto:
-    body = _Body(node, ["Xb", "W", "B"])
+    body = _Body(node, ["Xb", "W", "B", "Z"])
     rank = _rank_of(node)
-    y = body.conv(body.from_blocked("Xb", rank))
-    return body.function(body.to_blocked(y, rank - 1, int(_attr(node, "block"))))
+    y = body.to_blocked(body.conv(body.from_blocked("Xb", rank), keep_work=True), rank - 1, int(_attr(node, "block")))
+    return body.function(body.epilogue(y))
 
 
 register_op(
-    "ConvNCHWc", domain=DOMAIN, attrs={**CONV_ATTR_SPECS, "block": _BLOCK_SPEC},
+    "ConvNCHWc", domain=DOMAIN, attrs={**CONV_ATTR_SPECS, "block": _BLOCK_SPEC, **_activation_attrs()},
     infer=_conv_nchwc_infer, compute=_conv_nchwc, onnx_function=_conv_nchwc_function,
-    doc="Conv on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]")
+    doc="act(Conv(Xb, W, B) + Z) on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]")
