@@ -1,0 +1,407 @@
+"""Direct convolution on channel-blocked tensors, egraft's ``ConvNCHWc`` (the MLAS way: no
+packing of the activations, no im2col).
+
+Layouts (block 8: one AVX2 register of floats):
+
+- input ``Xb [N, C/8, H, W, 8]``: channel ``c`` in block ``c // 8``, lane ``c % 8``;
+- output ``Y [N, M/8, OH, OW, 8]`` and the residual ``Z`` (the output's shape);
+- weights ``W [M, C, KH, KW]`` (ONNX), packed at compile time (:func:`pack_weights`) into
+  one panel per tile of 16 output channels, ``[C/8][KH][KW][8][16]``: the order the inner
+  loop reads them in, two 8-float vectors per step.
+
+An output tile is 16 output channels (two output blocks) times 6 consecutive pixels of one
+output row: 12 vector accumulators, kept in registers over every input block, kernel row
+and kernel column. Per input lane ``jj`` of a tap, the step loads the two weight vectors,
+broadcasts the 6 input scalars ``Xb[n, cb, ih, iw_j, jj]`` and issues 12 fused
+multiply-adds. The epilogue runs on the registers: bias vector, residual vector, the
+activation, then contiguous 8-float stores.
+
+Padding costs no checks in the inner loop:
+
+- kernel rows outside the input are skipped for the whole tile (one row per tile): the
+  valid ``[kh_lo, kh_hi)`` of each output row come from two compile-time tables;
+- the columns of a row are covered by tiles planned at compile time
+  (:func:`plan_columns`): interior tiles, whose every tap is inside the input, run in a
+  loop; the tiles at the edges sit at compile-time columns, so the taps of a pixel that
+  fall in the padding are simply not emitted.
+
+Tails: a row's last tile may have fewer than 6 pixels; when ``M % 16 == 8`` the last tile
+of channels is one vector wide. A tile of few pixels has few independent accumulator
+chains (a fused multiply-add waits 4 cycles for its previous result), so it keeps
+several copies of its accumulators, used in turn and summed at the end
+(:func:`accumulator_copies`).
+
+Threads: the work items (channel tile, output row) of each image are shared over the
+kernel's parts (``ctx.share``); the runtime splits the call when the op's work formula
+says it is worth it.
+
+Example: ResNet-50's ``ConvNCHWc(f32[1, 8, 56, 56, 8], W f32[64, 64, 3, 3]) {pads = [1, 1, 1, 1]}``
+runs 4 channel tiles x 56 rows; each row is a 6-pixel edge tile at column 0, 8 interior
+tiles in a loop (columns 6..53) and an edge tile of 2 pixels at column 54.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from egraft.ir.dims import dims_equal
+from egraft.ir.ops.nn_spatial import _window
+from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu.conv import (
+    ConvGeometry,
+    _activation,
+    _static,
+    affine,
+    const64,
+    constant_table,
+    fmuladd,
+    splat,
+    vector_pointer,
+)
+from egraft.kernels.cpu.emit import F32, I32, KernelContext, Unsupported
+
+#: Channels per block of the layouts this kernel reads and writes (floats per vector).
+BLOCK = 8
+#: Vectors of output channels per tile (16 channels).
+TILE_VECTORS = 2
+#: Output pixels per tile (12 accumulators with TILE_VECTORS).
+TILE_PIXELS = 6
+#: Independent accumulator chains that keep the FMA units busy (2 units x 4 cycles latency).
+CHAINS = 8
+#: Accumulator registers a tile may use (16 ymm: the rest hold the weights and a broadcast).
+MAX_ACCUMULATORS = 12
+
+
+# ---- compile-time plans -----------------------------------------------------------------------------
+def blocked_geometry(ctx: KernelContext) -> ConvGeometry:
+    """The geometry of a ``ConvNCHWc`` node in channel terms (C and M, not blocks), from the
+    static shapes; :class:`Unsupported` for symbolic non-batch dims, another block than
+    :data:`BLOCK`, or a rank other than 2-D.
+
+    Example: ``ConvNCHWc(f32[N, 2, 10, 10, 8], W f32[8, 16, 3, 3]) {strides = [2, 2], pads = [1, 1, 1, 1]}``
+    has ``channels == 16``, ``out_channels == 8`` and ``out_h == out_w == 5``.
+    """
+    x_shape, w_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.in_type(1))
+    out_shape = ctx.shape(ctx.out_type(0))
+    if len(x_shape) != 5 or len(w_shape) != 4 or len(out_shape) != 5:
+        raise Unsupported("only 2-D blocked convolutions have generated code")
+    block = int(ctx.attr("block", BLOCK))
+    if block != BLOCK or x_shape[-1] != BLOCK or out_shape[-1] != BLOCK:
+        raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
+    in_blocks, in_h, in_w = _static(x_shape[1:4], "the channel block and spatial dims")
+    out_blocks, out_h, out_w = _static(out_shape[1:4], "the output channel block and spatial dims")
+    out_channels, group_in, k_h, k_w = _static(w_shape, "the weight dims")
+    group = int(ctx.attr("group", 1))
+    if group != 1 or group_in != in_blocks * BLOCK or out_channels != out_blocks * BLOCK:
+        raise Unsupported(f"group {group} has no generated code (one group only)")
+    given = ctx.attr("kernel_shape", None)
+    if given and [int(k) for k in given] != [k_h, k_w]:
+        raise Unsupported(f"kernel_shape {list(given)} differs from the weights' {[k_h, k_w]}")
+    try:
+        win = _window(ctx, [k_h, k_w])
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    outs, begins, _ = win.resolve([in_h, in_w])
+    if list(outs) != [out_h, out_w]:
+        raise Unsupported(f"output spatial dims {[out_h, out_w]} differ from the window's {list(outs)}")
+    if tuple(win.dilations) != (1, 1):
+        raise Unsupported(f"dilations {list(win.dilations)} have no generated code (1 only)")
+    return ConvGeometry(x_shape[0], in_blocks * BLOCK, out_channels, 1, in_h, in_w, k_h, k_w, out_h, out_w,
+                        win.strides[0], win.strides[1], 1, 1, begins[0], begins[1])
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """How the tiles cover an output row: ``loop_count`` interior tiles of
+    :data:`TILE_PIXELS` from column ``loop_start`` run in a loop; ``edges`` lists the other
+    tiles as ``(first column, pixels)``, at compile-time columns."""
+
+    loop_start: int
+    loop_count: int
+    edges: tuple[tuple[int, int], ...]
+
+
+def plan_columns(geo: ConvGeometry) -> ColumnPlan:
+    """The tiles of an output row of ``geo`` (see :class:`ColumnPlan`): edge tiles of
+    :data:`TILE_PIXELS` from column 0 until every later tile's taps are inside the input, the
+    interior in a loop, then edge tiles over the rest (the last one narrower).
+
+    Example: 56 columns, a 3x3 kernel with pad 1: column 0 reads the padding, so
+        >>> geo = ConvGeometry(1, 8, 8, 1, 56, 56, 3, 3, 56, 56, 1, 1, 1, 1, 1, 1)
+        >>> plan_columns(geo)
+        ColumnPlan(loop_start=6, loop_count=8, edges=((0, 6), (54, 2)))
+    """
+    lo, hi = geo.interior()
+    start = min(-(-lo // TILE_PIXELS) * TILE_PIXELS, geo.out_w)
+    count = max(hi - start, 0) // TILE_PIXELS
+    edges = [(first, min(TILE_PIXELS, geo.out_w - first)) for first in range(0, start, TILE_PIXELS)]
+    edges += [(first, min(TILE_PIXELS, geo.out_w - first))
+              for first in range(start + count * TILE_PIXELS, geo.out_w, TILE_PIXELS)]
+    return ColumnPlan(start, count, tuple(edges))
+
+
+def accumulator_copies(pixels: int, vectors: int) -> int:
+    """How many copies of a ``pixels x vectors`` tile's accumulators keep :data:`CHAINS`
+    independent chains in flight within :data:`MAX_ACCUMULATORS` registers.
+
+    Example: a one-pixel tile of two vectors keeps four copies (8 chains):
+        >>> accumulator_copies(1, 2), accumulator_copies(3, 2), accumulator_copies(6, 2)
+        (4, 2, 1)
+    """
+    per_copy = pixels * vectors
+    return max(1, min(-(-CHAINS // per_copy), MAX_ACCUMULATORS // per_copy))
+
+
+def channel_tiles(out_channels: int) -> list[int]:
+    """The vectors of each tile of output channels: two per tile, the last one alone when
+    ``out_channels % 16 == 8``.
+
+    Example:
+        >>> channel_tiles(24), channel_tiles(64)
+        ([2, 1], [2, 2, 2, 2])
+    """
+    blocks = out_channels // BLOCK
+    return [TILE_VECTORS] * (blocks // TILE_VECTORS) + [blocks % TILE_VECTORS] * (blocks % TILE_VECTORS > 0)
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """ONNX weights ``[M, C, KH, KW]`` as the kernel reads them: per tile of output channels
+    (:func:`channel_tiles`), ``[C/8][KH][KW][8][width]`` with ``width`` its channels (16, or 8
+    for a last one-vector tile), the tiles one after the other, flat.
+
+    Example: the first 16 floats are the weights of input channel 0, tap (0, 0), for
+    output channels 0..15:
+        >>> w = np.arange(24 * 8 * 1 * 1, dtype=np.float32).reshape(24, 8, 1, 1)
+        >>> packed = pack_weights(w)
+        >>> bool((packed[:16] == w[:16, 0, 0, 0]).all()), packed.shape
+        (True, (192,))
+    """
+    m, c, kh, kw = w.shape
+    panels, first = [], 0
+    for vectors in channel_tiles(m):
+        width = vectors * BLOCK
+        tile = w[first:first + width].reshape(width, c // BLOCK, BLOCK, kh, kw)
+        panels.append(np.ascontiguousarray(tile.transpose(1, 3, 4, 2, 0)).reshape(-1))
+        first += width
+    return np.concatenate(panels).astype(np.float32)
+
+
+# ---- the emitter ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Row:
+    """One output row of one channel tile being emitted: image ``n``, first output block
+    ``block0``, ``vectors`` output blocks, the tile's packed weights ``weights``, row ``oh``
+    and its valid kernel rows ``[kh_lo, kh_hi)``."""
+
+    n: ir.Value
+    block0: ir.Value
+    vectors: int
+    weights: ir.Value
+    oh: ir.Value
+    kh_lo: ir.Value
+    kh_hi: ir.Value
+
+
+class NCHWcEmitter:
+    """Emits ``y = act(conv(xb, w) + bias + z)`` on blocked tensors (see the module docstring).
+
+    Example::
+
+        NCHWcEmitter(ctx, blocked_geometry(ctx), bias=2, residual=None, activation="relu").emit()
+    """
+
+    def __init__(self, ctx: KernelContext, geo: ConvGeometry, bias: int | None, residual: int | None,
+                 activation: str = "", params: Sequence[float] = ()):
+        self.ctx, self.geo, self.b = ctx, geo, ctx.builder
+        self.activation, self.params = activation, list(params)
+        self.vector = ir.VectorType(F32, BLOCK)
+        self.x, self.y = ctx.in_ptr(0), ctx.out_ptr(0)
+        self.w = ctx.derived_constant("packed_w", pack_weights(np.asarray(ctx.constant(1), np.float32)))
+        self.bias = ctx.in_ptr(bias) if bias is not None else None
+        self.z = ctx.in_ptr(residual) if residual is not None else None
+        self.kh_lo = constant_table(ctx, "kh_lo", [geo.row_taps(oh)[0] for oh in range(geo.out_h)])
+        self.kh_hi = constant_table(ctx, "kh_hi", [geo.row_taps(oh)[1] for oh in range(geo.out_h)])
+        self.columns = plan_columns(geo)
+        self.tiles = channel_tiles(geo.out_channels)
+        self.panel = geo.channels * geo.k_h * geo.k_w  # floats of packed weights per output channel
+
+    # -- the loop nest
+    def emit(self) -> None:
+        """Every image; this part's share of the (channel tile, output row) items of each."""
+        geo, b, ctx = self.geo, self.b, self.ctx
+        wide = self.tiles.count(TILE_VECTORS)
+        lo, hi = ctx.share(len(self.tiles) * geo.out_h)
+        with ctx.loop(ctx.dim(geo.batch), name="n") as n:
+            with ctx.loop(hi, name="item", start=lo) as item:
+                tile = b.sdiv(item, const64(geo.out_h))
+                oh = b.srem(item, const64(geo.out_h))
+                if wide == len(self.tiles):
+                    self.emit_row(n, tile, oh, TILE_VECTORS)
+                else:  # the last tile is one vector wide
+                    with b.if_else(b.icmp_signed("<", tile, const64(wide))) as (then, otherwise):
+                        with then:
+                            self.emit_row(n, tile, oh, TILE_VECTORS)
+                        with otherwise:
+                            self.emit_row(n, tile, oh, 1)
+
+    def emit_row(self, n: ir.Value, tile: ir.Value, oh: ir.Value, vectors: int) -> None:
+        """Output row ``oh`` of channel tile ``tile`` (of ``vectors`` blocks), every column."""
+        b = self.b
+        block0 = b.mul(tile, const64(TILE_VECTORS))
+        weights = b.gep(self.w, [b.mul(block0, const64(BLOCK * self.panel))])
+        row = _Row(n, block0, vectors, weights, oh, b.load(b.gep(self.kh_lo, [oh])), b.load(b.gep(self.kh_hi, [oh])))
+        plan = self.columns
+        if plan.loop_count:
+            with self.ctx.loop(plan.loop_count, name="tile") as t:
+                self.emit_tile(row, b.add(const64(plan.loop_start), b.mul(t, const64(TILE_PIXELS))), TILE_PIXELS)
+        for first, pixels in plan.edges:
+            self.emit_tile(row, const64(first), pixels, first)
+
+    # -- offsets
+    def input_row(self, row: _Row, cb: ir.Value, kh: ir.Value, ow0: ir.Value) -> ir.Value:
+        """``&Xb[n, cb, ih, ow0 * stride - pad, 0]`` for kernel row ``kh`` (the column may be
+        negative: the taps that would read there are not emitted)."""
+        geo, b = self.geo, self.b
+        ih = affine(b, [(row.oh, geo.stride_h), (kh, 1)], -geo.pad_h)
+        plane = geo.in_h * geo.in_w * BLOCK
+        offset = affine(b, [(row.n, geo.channels // BLOCK * plane), (cb, plane), (ih, geo.in_w * BLOCK),
+                            (ow0, geo.stride_w * BLOCK)], -geo.pad_w * BLOCK)
+        return b.gep(self.x, [offset])
+
+    def output_at(self, row: _Row, ow0: ir.Value) -> ir.Value:
+        """The element offset of ``Y[n, block0, oh, ow0, 0]``."""
+        geo = self.geo
+        plane = geo.out_h * geo.out_w * BLOCK
+        return affine(self.b, [(row.n, geo.out_channels // BLOCK * plane), (row.block0, plane),
+                               (row.oh, geo.out_w * BLOCK), (ow0, BLOCK)])
+
+    def valid_pixels(self, first: int | None, pixels: int, kw: int) -> list[int]:
+        """The pixels of a tile at column ``first`` whose tap ``kw`` is inside the input
+        (all of them for an interior tile, ``first is None``)."""
+        if first is None:
+            return list(range(pixels))
+        geo = self.geo
+        return [j for j in range(pixels) if 0 <= (first + j) * geo.stride_w - geo.pad_w + kw < geo.in_w]
+
+    # -- one tile
+    def emit_tile(self, row: _Row, ow0: ir.Value, pixels: int, first: int | None = None) -> None:
+        """``row.vectors`` output blocks x ``pixels`` pixels from column ``ow0``, accumulated in
+        registers over input blocks, kernel rows, kernel columns and input lanes; ``first``
+        is ``ow0`` when known at compile time (an edge tile)."""
+        geo, b, ctx = self.geo, self.b, self.ctx
+        vectors = row.vectors
+        copies = accumulator_copies(pixels, vectors)
+        width = vectors * BLOCK
+        slots = [[[ctx.alloca(self.vector, name=f"acc{c}_{j}_{v}") for v in range(vectors)] for j in range(pixels)]
+                 for c in range(copies)]
+        zero = ir.Constant(self.vector, [0.0] * BLOCK)
+        for c in range(copies):
+            for j in range(pixels):
+                for v in range(vectors):
+                    b.store(zero, slots[c][j][v])
+        taps = geo.k_h * geo.k_w
+        with ctx.loop(geo.channels // BLOCK, name="cb") as cb:
+            weights_cb = b.gep(row.weights, [b.mul(cb, const64(taps * BLOCK * width))])
+            with ctx.loop(row.kh_hi, name="kh", start=row.kh_lo) as kh:
+                x_row = self.input_row(row, cb, kh, ow0)
+                w_row = b.gep(weights_cb, [b.mul(kh, const64(geo.k_w * BLOCK * width))])
+                acc = [[[b.load(slot) for slot in per_pixel] for per_pixel in per_copy] for per_copy in slots]
+                step = 0
+                for kw in range(geo.k_w):
+                    valid = self.valid_pixels(first, pixels, kw)
+                    if not valid:
+                        continue
+                    for lane in range(BLOCK):
+                        at = (kw * BLOCK + lane) * width
+                        ws = [b.load(vector_pointer(b, w_row, const64(at + v * BLOCK), BLOCK), align=4)
+                              for v in range(vectors)]
+                        c = step % copies
+                        step += 1
+                        for j in valid:
+                            where = const64((j * geo.stride_w + kw) * BLOCK + lane)
+                            x = splat(b, b.load(b.gep(x_row, [where])), BLOCK)
+                            acc[c][j] = [fmuladd(ctx, w, x, a) for w, a in zip(ws, acc[c][j])]
+                for per_copy, values in zip(slots, acc):
+                    for per_pixel, pixel_values in zip(per_copy, values):
+                        for slot, value in zip(per_pixel, pixel_values):
+                            b.store(value, slot)
+        self.emit_epilogue(row, ow0, pixels, slots)
+
+    def emit_epilogue(self, row: _Row, ow0: ir.Value, pixels: int, slots) -> None:
+        """Sum the accumulator copies, add the bias and the residual, apply the activation and
+        store each ``(pixel, block)`` vector."""
+        geo, b = self.geo, self.b
+        plane = geo.out_h * geo.out_w * BLOCK
+        base = self.output_at(row, ow0)
+        biases = []
+        for v in range(row.vectors):
+            if self.bias is None:
+                biases.append(None)
+                continue
+            channel = b.mul(b.add(row.block0, const64(v)), const64(BLOCK))
+            biases.append(b.load(vector_pointer(b, self.bias, channel, BLOCK), align=4))
+        for j in range(pixels):
+            for v in range(row.vectors):
+                value = b.load(slots[0][j][v])
+                for copy in slots[1:]:
+                    value = b.fadd(value, b.load(copy[j][v]))
+                if biases[v] is not None:
+                    value = b.fadd(value, biases[v])
+                at = b.add(base, const64(v * plane + j * BLOCK))
+                if self.z is not None:
+                    value = b.fadd(value, b.load(vector_pointer(b, self.z, at, BLOCK), align=4))
+                value = self.activate(value)
+                b.store(value, vector_pointer(b, self.y, at, BLOCK), align=4)
+
+    def activate(self, value: ir.Value) -> ir.Value:
+        """The activation on a vector: relu as a vector select (NaN kept, as numpy's maximum),
+        the others lane by lane through the scalar math (``MathEmitter`` builds scalar
+        constants and libm calls)."""
+        math, b = self.ctx.math, self.b
+        if not self.activation:
+            return value
+        if self.activation == "relu":
+            zero = ir.Constant(self.vector, [0.0] * BLOCK)
+            return b.select(b.fcmp_ordered("<", value, zero), zero, value)
+        for lane in range(BLOCK):
+            index = ir.Constant(I32, lane)
+            scalar = math.activation(self.activation, self.params, b.extract_element(value, index))
+            value = b.insert_element(value, scalar, index)
+        return value
+
+
+# ---- the generator ----------------------------------------------------------------------------------
+def _check_operands(ctx: KernelContext, residual: int | None) -> None:
+    """fp32 everywhere, constant weights, a residual of the output's own shape."""
+    inputs = [0, 1] + [i for i in (2, residual) if i is not None and ctx.has_input(i)]
+    if ctx.out_type(0).dtype.short != "f32" or any(ctx.in_type(i).dtype.short != "f32" for i in inputs):
+        raise Unsupported("ConvNCHWc has generated code for float32 only")
+    if ctx.constant(1) is None:
+        raise Unsupported("the weights are not a constant (they are packed at compile time)")
+    if residual is not None:
+        z, y = ctx.shape(ctx.in_type(residual)), ctx.shape(ctx.out_type(0))
+        if len(z) != len(y) or not all(dims_equal(a, b) for a, b in zip(z, y)):
+            raise Unsupported(f"the residual's shape {list(z)} is not the output's {list(y)}")
+
+
+@register_kernel("ConvNCHWc", domain="com.egraft")
+def conv_nchwc(ctx: KernelContext) -> None:
+    """egraft's ``ConvNCHWc``: ``act(Conv(Xb, W, B) + Z)`` on channel-blocked tensors, one group,
+    unit dilations, constant weights; the residual ``Z`` (input 3) and the activation are
+    optional.
+
+    Example: ``ConvNCHWc(xb: f32[1, 8, 56, 56, 8], w: f32[64, 64, 3, 3], b: f32[64]) {pads = [1, 1, 1, 1]}``.
+    """
+    activation, params = _activation(ctx)
+    residual = 3 if ctx.has_input(3) else None
+    _check_operands(ctx, residual)
+    geo = blocked_geometry(ctx)
+    NCHWcEmitter(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params).emit()
+
+
+__all__ = ["BLOCK", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry", "ColumnPlan", "plan_columns",
+           "accumulator_copies", "channel_tiles", "pack_weights", "NCHWcEmitter", "conv_nchwc"]

@@ -1,0 +1,175 @@
+"""The direct convolution on channel-blocked tensors (egraft/kernels/cpu/conv_nchwc.py) against
+onnxruntime's Conv on the unblocked tensors: kernel sizes, strides, pads, output widths that
+are not a multiple of the tile, one-vector channel tails, bias or none, 1 and 2 threads,
+a symbolic batch, the residual and the activation; and the nodes it leaves to the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_onnxruntime
+from onnx import TensorProto, helper, numpy_helper
+
+import egraft
+from egraft.ir.ops.layout import DOMAIN, from_blocked, to_blocked
+from egraft.ir.registry import get_op
+from egraft.kernels.cpu.conv_nchwc import pack_weights, plan_columns
+from egraft.lowering.compile import compile_graph
+from egraft.testing.models import scale_relative_error
+
+RNG = np.random.default_rng(11)
+BLOCK = 8
+
+
+@pytest.fixture(autouse=True)
+def split_every_parallel_kernel(monkeypatch):
+    """Small test shapes do less work than the runtime's threshold for splitting a kernel:
+    lower it so that the runs at 2 threads really run in parts."""
+    monkeypatch.setattr("egraft.lowering.runtime.MIN_PARALLEL_WORK", 0)
+
+
+def randn(*shape: int) -> np.ndarray:
+    return RNG.normal(size=shape).astype(np.float32)
+
+
+def nchwc_model(w: np.ndarray, b: np.ndarray | None, attrs: dict, x_dims: list, z_dims: list | None = None,
+                weights_as_input: bool = False) -> onnx.ModelProto:
+    """``y = ConvNCHWc(xb, w, [b], [z])`` with ``w`` and ``b`` as initializers (``w`` a graph
+    input with ``weights_as_input``) and ``z`` a graph input."""
+    inits = {} if weights_as_input else {"w": w}
+    if b is not None:
+        inits["b"] = b
+    names = ["xb", "w", "b" if b is not None else ""] + (["z"] if z_dims is not None else [])
+    inputs = [helper.make_tensor_value_info("xb", TensorProto.FLOAT, x_dims)]
+    if weights_as_input:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, list(w.shape)))
+    if z_dims is not None:
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, z_dims))
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("ConvNCHWc", names, ["y"], domain=DOMAIN, **attrs)
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
+
+
+def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict, z: np.ndarray | None = None,
+              activation: str = "") -> np.ndarray:
+    """onnxruntime's Conv (+ Z) (+ Relu) on the unblocked ``x``, blocked again."""
+    b = b if b is not None else np.zeros(w.shape[0], np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    feeds = {"x": x, "w": w, "b": b}
+    last = "c"
+    if z is not None:
+        nodes.append(helper.make_node("Add", [last, "z"], ["s"]))
+        last, feeds["z"] = "s", z
+    nodes.append(helper.make_node("Relu" if activation == "relu" else "Identity", [last], ["y"]))
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()]
+    graph = helper.make_graph(nodes, "ref", inputs, [onnx.ValueInfoProto(name="y")])
+    y = run_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), feeds)["y"]
+    return to_blocked(y, BLOCK)
+
+
+def compiled_kernel(model: onnx.ModelProto):
+    compiled = compile_graph(egraft.load(model))
+    (step,) = compiled.steps
+    assert step.kind == "kernel", step.reason
+    assert step.parallel
+    return compiled
+
+
+CASES = [
+    ("3x3 pad 1", (1, 16, 12, 14), 32, {"pads": [1, 1, 1, 1]}),
+    ("3x3 stride 2", (1, 8, 20, 21), 16, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("1x1, M = 24", (2, 16, 9, 13), 24, {}),
+    ("1x1 stride 2", (1, 16, 15, 15), 16, {"strides": [2, 2]}),
+    ("7x7 pad 3 stride 2", (1, 8, 30, 31), 16, {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ("7x7 output, M = 8", (1, 16, 7, 7), 8, {"pads": [1, 1, 1, 1]}),
+    ("C = 8, M = 24, no pad", (1, 8, 10, 19), 24, {}),
+    ("uneven pads", (1, 8, 11, 17), 16, {"pads": [0, 2, 1, 0]}),
+    ("5x5 pad 2 on a tiny image", (1, 8, 3, 4), 40, {"pads": [2, 2, 2, 2]}),
+    ("3x1 kernel, wide row", (1, 24, 4, 61), 16, {"pads": [1, 0, 1, 0]}),
+]
+
+
+@pytest.mark.parametrize("label, x_shape, out_channels, attrs", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+def test_matches_onnxruntime(label, x_shape, out_channels, attrs, with_bias):
+    c = x_shape[1]
+    kernel = (7, 7) if "7x7" in label else (1, 1) if "1x1" in label else (5, 5) if "5x5" in label else \
+        (3, 1) if "3x1" in label else (3, 3)
+    x, w = randn(*x_shape), randn(out_channels, c, *kernel)
+    b = randn(out_channels) if with_bias else None
+    xb = to_blocked(x, BLOCK)
+    compiled = compiled_kernel(nchwc_model(w, b, attrs, list(xb.shape)))
+    want = reference(x, w, b, attrs)
+    for threads in (1, 2):
+        compiled.threads = threads
+        got = compiled.run({"xb": xb})["y"]
+        assert got.shape == want.shape
+        assert scale_relative_error(got, want) <= 1e-5, threads
+
+
+def test_symbolic_batch():
+    w, b = randn(16, 8, 3, 3), randn(16)
+    attrs = {"pads": [1, 1, 1, 1]}
+    compiled = compiled_kernel(nchwc_model(w, b, attrs, ["batch", 1, 9, 13, BLOCK]))
+    for batch in (1, 3):
+        x = randn(batch, 8, 9, 13)
+        got = compiled.run({"xb": to_blocked(x, BLOCK)})["y"]
+        assert scale_relative_error(got, reference(x, w, b, attrs)) <= 1e-5
+
+
+HAS_ACTIVATION = "activation" in get_op("ConvNCHWc", DOMAIN).attrs
+
+
+@pytest.mark.skipif(not HAS_ACTIVATION, reason="ConvNCHWc has no activation attribute or residual input yet")
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+def test_residual_and_activation(activation):
+    x, w, b = randn(2, 16, 10, 15), randn(24, 16, 3, 3), randn(24)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [1, 1]}
+    z = randn(2, 24, 10, 15)
+    act = {"activation": activation, **({"activation_params": [0.1]} if activation == "leaky_relu" else {})}
+    model = nchwc_model(w, b, {**attrs, **act}, [2, 2, 10, 15, BLOCK], z_dims=[2, 3, 10, 15, BLOCK])
+    compiled = compiled_kernel(model)
+    want = from_blocked(reference(x, w, b, attrs, z), BLOCK)
+    want = np.maximum(want, 0) if activation == "relu" else np.where(want < 0, 0.1 * want, want)
+    for threads in (1, 2):
+        compiled.threads = threads
+        got = compiled.run({"xb": to_blocked(x, BLOCK), "z": to_blocked(z, BLOCK)})["y"]
+        assert scale_relative_error(got, to_blocked(want, BLOCK)) <= 1e-5
+
+
+def test_nodes_left_to_the_reference_say_why():
+    x = randn(1, 16, 6, 6)
+    xb = to_blocked(x, BLOCK)
+    grouped = compile_graph(egraft.load(nchwc_model(randn(16, 8, 3, 3), None, {"group": 2}, list(xb.shape))))
+    runtime_weights = compile_graph(egraft.load(nchwc_model(randn(16, 16, 3, 3), None, {}, list(xb.shape),
+                                                            weights_as_input=True)))
+    (step,) = grouped.steps
+    assert step.kind == "fallback" and "group 2" in step.reason
+    (step,) = runtime_weights.steps
+    assert step.kind == "fallback" and "not a constant" in step.reason
+
+
+def test_weights_are_packed_in_the_order_the_inner_loop_reads_them():
+    w = randn(24, 16, 3, 2)
+    packed = pack_weights(w)
+    wide = packed[:16 * 16 * 6].reshape(2, 3, 2, BLOCK, 16)  # [cb][kh][kw][lane][o] of channels 0..15
+    assert wide[1, 2, 0, 5, 7] == w[7, 1 * BLOCK + 5, 2, 0]
+    narrow = packed[16 * 16 * 6:].reshape(2, 3, 2, BLOCK, BLOCK)  # channels 16..23
+    assert narrow[0, 1, 1, 3, 2] == w[18, 3, 1, 1]
+
+
+def test_column_plan_covers_every_column_once():
+    from egraft.kernels.cpu.conv import ConvGeometry
+
+    for out_w, k, stride, pad in [(56, 3, 1, 1), (7, 3, 1, 1), (112, 7, 2, 3), (5, 5, 1, 2), (61, 1, 1, 0)]:
+        in_w = (out_w - 1) * stride + k - 2 * pad
+        geo = ConvGeometry(1, 8, 8, 1, 1, in_w, 1, k, 1, out_w, 1, stride, 1, 1, 0, pad)
+        plan = plan_columns(geo)
+        columns = [c for first, pixels in plan.edges for c in range(first, first + pixels)]
+        columns += list(range(plan.loop_start, plan.loop_start + 6 * plan.loop_count))
+        assert sorted(columns) == list(range(out_w))
