@@ -261,14 +261,23 @@ def test_conv_to_nhwc_gives_a_channels_last_conv(bias):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv_to_blocked_gives_a_blocked_conv(bias):
-    model = make_model([conv("x", "1", bias, group=2)], {"x": [2, 16, 5, 5]}, "conv1",
-                       {"w1": randn(24, 8, 3, 3), **({"b1": randn(24)} if bias else {})})
+    model = make_model([conv("x", "1", bias)], {"x": [2, 16, 5, 5]}, "conv1",
+                       {"w1": randn(24, 16, 3, 3), **({"b1": randn(24)} if bias else {})})
     state, report = saturated(model)
     assert report.rules["conv_to_blocked" if bias else "conv_to_blocked_without_bias"].applied == 1
     graph = extract_graph(state.snapshot(), prefer(ConvNCHWc=0, Conv=10))
     assert ops(graph) == ["LayoutToBlocked", "ConvNCHWc", "LayoutFromBlocked"]
-    assert all(n.attrs["block"] == 8 for n in graph.nodes) and graph.nodes[1].attrs["group"] == 2
+    assert all(n.attrs["block"] == 8 for n in graph.nodes)
     assert_matches_onnxruntime(graph, model, {"x": randn(2, 16, 5, 5)})
+
+
+def test_a_grouped_conv_stays_in_the_standard_layout():
+    """The blocked kernel computes ungrouped convolutions; a grouped (or depthwise) one keeps NCHW."""
+    model = make_model([conv("x", "1", group=2)], {"x": [2, 16, 5, 5]}, "conv1",
+                       {"w1": randn(24, 8, 3, 3), "b1": randn(24)})
+    _, report = saturated(model)
+    assert report.rules["conv_to_blocked"].applied == 0
+    assert report.rules["conv_to_nhwc"].applied == 1
 
 
 @pytest.mark.parametrize("cin, cout", [(12, 16), (16, 12)])
