@@ -91,6 +91,8 @@ CASES = [
     ("uneven pads", (1, 8, 11, 17), 16, {"pads": [0, 2, 1, 0]}),
     ("5x5 pad 2 on a tiny image", (1, 8, 3, 4), 40, {"pads": [2, 2, 2, 2]}),
     ("3x1 kernel, wide row", (1, 24, 4, 61), 16, {"pads": [1, 0, 1, 0]}),
+    ("3x3, input blocks in two chunks", (2, 32, 9, 7), 24, {"pads": [1, 1, 1, 1]}),
+    ("7x7 stride 2, one input block per chunk", (1, 16, 17, 23), 16, {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
 ]
 
 
@@ -128,11 +130,11 @@ HAS_ACTIVATION = "activation" in get_op("ConvNCHWc", DOMAIN).attrs
 @pytest.mark.skipif(not HAS_ACTIVATION, reason="ConvNCHWc has no activation attribute or residual input yet")
 @pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
 def test_residual_and_activation(activation):
-    x, w, b = randn(2, 16, 10, 15), randn(24, 16, 3, 3), randn(24)
+    x, w, b = randn(2, 32, 10, 15), randn(24, 32, 3, 3), randn(24)  # two chunks of input blocks
     attrs = {"pads": [1, 1, 1, 1], "strides": [1, 1]}
     z = randn(2, 24, 10, 15)
     act = {"activation": activation, **({"activation_params": [0.1]} if activation == "leaky_relu" else {})}
-    model = nchwc_model(w, b, {**attrs, **act}, [2, 2, 10, 15, BLOCK], z_dims=[2, 3, 10, 15, BLOCK])
+    model = nchwc_model(w, b, {**attrs, **act}, [2, 4, 10, 15, BLOCK], z_dims=[2, 3, 10, 15, BLOCK])
     compiled = compiled_kernel(model)
     want = from_blocked(reference(x, w, b, attrs, z), BLOCK)
     want = np.maximum(want, 0) if activation == "relu" else np.where(want < 0, 0.1 * want, want)

@@ -10,11 +10,11 @@ Layouts (block 8: one AVX2 register of floats):
   loop reads them in, two 8-float vectors per step.
 
 An output tile is 16 output channels (two output blocks) times 6 consecutive pixels of one
-output row: 12 vector accumulators, kept in registers over every input block, kernel row
-and kernel column. Per input lane ``jj`` of a tap, the step loads the two weight vectors,
-broadcasts the 6 input scalars ``Xb[n, cb, ih, iw_j, jj]`` and issues 12 fused
-multiply-adds. The epilogue runs on the registers: bias vector, residual vector, the
-activation, then contiguous 8-float stores.
+output row: 12 vector accumulators, kept in registers over input blocks, taps and lanes.
+Per input lane ``jj`` of a tap, the step loads the two weight vectors, broadcasts the 6
+input scalars ``Xb[n, cb, ih, iw_j, jj]`` and issues 12 fused multiply-adds (the loop over
+taps stays a loop: see :meth:`NCHWcEmitter.emit_tile`). The epilogue runs on the
+registers: bias vector, residual vector, the activation, then contiguous 8-float stores.
 
 Padding costs no checks in the inner loop:
 
@@ -22,22 +22,27 @@ Padding costs no checks in the inner loop:
   valid ``[kh_lo, kh_hi)`` of each output row come from two compile-time tables;
 - the columns of a row are covered by tiles planned at compile time
   (:func:`plan_columns`): interior tiles, whose every tap is inside the input, run in a
-  loop; the tiles at the edges sit at compile-time columns, so the taps of a pixel that
-  fall in the padding are simply not emitted.
+  loop; the tiles at the edges sit at compile-time columns, and a pixel of theirs that
+  can read the padding picks, per tap, its input or a block of zeros (one select per tap).
 
-Tails: a row's last tile may have fewer than 6 pixels; when ``M % 16 == 8`` the last tile
-of channels is one vector wide. A tile of few pixels has few independent accumulator
-chains (a fused multiply-add waits 4 cycles for its previous result), so it keeps
-several copies of its accumulators, used in turn and summed at the end
-(:func:`accumulator_copies`).
+Tails: a row's last tile may have fewer than 6 pixels (and is balanced with the one before
+it); when ``M % 16 == 8`` the last tile of channels is one vector wide. A tile of few
+pixels has few independent accumulator chains (a fused multiply-add waits 4 cycles for
+its previous result), so it keeps several copies of its accumulators, used in turn and
+summed at the end (:func:`accumulator_copies`).
 
-Threads: the work items (channel tile, output row) of each image are shared over the
-kernel's parts (``ctx.share``); the runtime splits the call when the op's work formula
-says it is worth it.
+Caches: when a channel tile's weights outgrow L1 (many input channels), the input blocks
+are taken a chunk at a time (:data:`CHUNK_WEIGHT_BYTES` of weights), each over several
+output rows, the partial sums going through the output. The work items are
+(channel tile, block of output rows), in row-major order when all the weights stay in L2.
+
+Threads: the work items of each image are shared over the kernel's parts (``ctx.share``);
+the runtime splits the call when the op's work formula says it is worth it.
 
 Example: ResNet-50's ``ConvNCHWc(f32[1, 8, 56, 56, 8], W f32[64, 64, 3, 3]) {pads = [1, 1, 1, 1]}``
-runs 4 channel tiles x 56 rows; each row is a 6-pixel edge tile at column 0, 8 interior
-tiles in a loop (columns 6..53) and an edge tile of 2 pixels at column 54.
+runs 4 channel tiles x 56 rows; each row is a 6-pixel edge tile at column 0, 7 interior
+tiles in a loop (columns 6..47) and two edge tiles of 4 pixels at columns 48 and 52, over
+the input blocks in chunks of 3.
 """
 
 from __future__ import annotations
@@ -70,6 +75,14 @@ BLOCK = 8
 TILE_VECTORS = 2
 #: Output pixels per tile (12 accumulators with TILE_VECTORS).
 TILE_PIXELS = 6
+#: Bytes of packed weights that stay in L2 (half of Zen 3's 512 KiB) while input rows stream past.
+RESIDENT_WEIGHT_BYTES = 256 * 1024
+#: Bytes of packed weights of one chunk of input blocks of a channel tile (half of Zen 3's 32 KiB L1).
+CHUNK_WEIGHT_BYTES = 16 * 1024
+#: Column tiles a work item runs over each chunk's weights (its rows are chosen to have as many).
+MIN_TILES_PER_CHUNK = 8
+#: Fewest pixels of a row's last tile (a narrower one is merged with the one before, see plan_columns).
+BALANCED_PIXELS = 4
 #: Independent accumulator chains that keep the FMA units busy (2 units x 4 cycles latency).
 CHAINS = 8
 #: Accumulator registers a tile may use (16 ymm: the rest hold the weights and a broadcast).
@@ -128,12 +141,15 @@ class ColumnPlan:
 def plan_columns(geo: ConvGeometry) -> ColumnPlan:
     """The tiles of an output row of ``geo`` (see :class:`ColumnPlan`): edge tiles of
     :data:`TILE_PIXELS` from column 0 until every later tile's taps are inside the input, the
-    interior in a loop, then edge tiles over the rest (the last one narrower).
+    interior in a loop, then edge tiles over the rest. A last tile of fewer than
+    :data:`BALANCED_PIXELS` is merged with the one before and the two split evenly: a narrow
+    tile streams the weights for few multiply-adds.
 
-    Example: 56 columns, a 3x3 kernel with pad 1: column 0 reads the padding, so
+    Example: 56 columns, a 3x3 kernel with pad 1: column 0 reads the padding, and the last 8
+    columns are two tiles of 4 (not 6 and 2):
         >>> geo = ConvGeometry(1, 8, 8, 1, 56, 56, 3, 3, 56, 56, 1, 1, 1, 1, 1, 1)
         >>> plan_columns(geo)
-        ColumnPlan(loop_start=6, loop_count=8, edges=((0, 6), (54, 2)))
+        ColumnPlan(loop_start=6, loop_count=7, edges=((0, 6), (48, 4), (52, 4)))
     """
     lo, hi = geo.interior()
     start = min(-(-lo // TILE_PIXELS) * TILE_PIXELS, geo.out_w)
@@ -141,6 +157,16 @@ def plan_columns(geo: ConvGeometry) -> ColumnPlan:
     edges = [(first, min(TILE_PIXELS, geo.out_w - first)) for first in range(0, start, TILE_PIXELS)]
     edges += [(first, min(TILE_PIXELS, geo.out_w - first))
               for first in range(start + count * TILE_PIXELS, geo.out_w, TILE_PIXELS)]
+    if edges and edges[-1][1] < BALANCED_PIXELS and edges[-1][0] > 0:
+        last_first, _ = edges.pop()
+        if count and last_first == start + count * TILE_PIXELS:
+            count -= 1  # the loop's last tile joins the remainder
+        else:
+            edges.pop()
+        merged_first = last_first - TILE_PIXELS
+        merged = geo.out_w - merged_first
+        half = -(-merged // 2)
+        edges += [(merged_first, half), (merged_first + half, merged - half)]
     return ColumnPlan(start, count, tuple(edges))
 
 
@@ -192,10 +218,23 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
 
 # ---- the emitter ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class _Chunk:
+    """The input blocks ``[cb_lo, cb_hi)`` being accumulated; ``first`` and ``last`` say
+    whether it is the first chunk (the accumulators start at zero, else from the partial sums
+    in the output) and the last one (the epilogue runs, else the partial sums are stored):
+    ``True`` when known at compile time, else an ``i1``."""
+
+    cb_lo: ir.Value
+    cb_hi: ir.Value
+    first: ir.Value | bool
+    last: ir.Value | bool
+
+
+@dataclass(frozen=True)
 class _Row:
     """One output row of one channel tile being emitted: image ``n``, first output block
     ``block0``, ``vectors`` output blocks, the tile's packed weights ``weights``, row ``oh``
-    and its valid kernel rows ``[kh_lo, kh_hi)``."""
+    and its valid kernel rows ``[kh_lo, kh_hi)``, over the input blocks of ``chunk``."""
 
     n: ir.Value
     block0: ir.Value
@@ -204,6 +243,7 @@ class _Row:
     oh: ir.Value
     kh_lo: ir.Value
     kh_hi: ir.Value
+    chunk: _Chunk
 
 
 class NCHWcEmitter:
@@ -220,56 +260,101 @@ class NCHWcEmitter:
         self.activation, self.params = activation, list(params)
         self.vector = ir.VectorType(F32, BLOCK)
         self.x, self.y = ctx.in_ptr(0), ctx.out_ptr(0)
-        self.w = ctx.derived_constant("packed_w", pack_weights(np.asarray(ctx.constant(1), np.float32)))
+        packed = pack_weights(np.asarray(ctx.constant(1), np.float32))
+        self.w = ctx.derived_constant("packed_w", packed)
+        #: the work items in row-major order (every channel tile of a row, then the next row)
+        #: when all the weights stay in L2: each input row is then read once from memory
+        self.rows_outer = packed.nbytes <= RESIDENT_WEIGHT_BYTES
+        #: input blocks per chunk: the chunk's weights of a channel tile stay in L1 while the
+        #: tiles of the item's rows run over them (partial sums go through the output)
+        chunk_bytes = geo.k_h * geo.k_w * BLOCK * TILE_VECTORS * BLOCK * 4
+        self.chunk_blocks = max(1, min(geo.channels // BLOCK, CHUNK_WEIGHT_BYTES // chunk_bytes))
+        tiles_per_row = plan_columns(geo).loop_count + len(plan_columns(geo).edges)
+        chunked = self.chunk_blocks < geo.channels // BLOCK
+        #: output rows per work item: enough tiles to reuse each chunk's weights (one row unchunked)
+        self.rows_per_item = min(geo.out_h, -(-MIN_TILES_PER_CHUNK // tiles_per_row)) if chunked else 1
         self.bias = ctx.in_ptr(bias) if bias is not None else None
         self.z = ctx.in_ptr(residual) if residual is not None else None
         self.kh_lo = constant_table(ctx, "kh_lo", [geo.row_taps(oh)[0] for oh in range(geo.out_h)])
         self.kh_hi = constant_table(ctx, "kh_hi", [geo.row_taps(oh)[1] for oh in range(geo.out_h)])
+        taps = [(kh, kw) for kh in range(geo.k_h) for kw in range(geo.k_w)]
+        self.tap_offset = constant_table(ctx, "tap_offset", [(kh * geo.in_w + kw) * BLOCK for kh, kw in taps])
+        self.tap_column = constant_table(ctx, "tap_column", [kw for _, kw in taps])
+        self.zeros = constant_table(ctx, "zeros", [0.0] * BLOCK, F32)
         self.columns = plan_columns(geo)
         self.tiles = channel_tiles(geo.out_channels)
         self.panel = geo.channels * geo.k_h * geo.k_w  # floats of packed weights per output channel
 
     # -- the loop nest
     def emit(self) -> None:
-        """Every image; this part's share of the (channel tile, output row) items of each."""
+        """Every image; this part's share of the (channel tile, block of output rows) items of each."""
         geo, b, ctx = self.geo, self.b, self.ctx
         wide = self.tiles.count(TILE_VECTORS)
-        lo, hi = ctx.share(len(self.tiles) * geo.out_h)
+        tiles = len(self.tiles)
+        row_blocks = -(-geo.out_h // self.rows_per_item)
+        lo, hi = ctx.share(tiles * row_blocks)
         with ctx.loop(ctx.dim(geo.batch), name="n") as n:
             with ctx.loop(hi, name="item", start=lo) as item:
-                tile = b.sdiv(item, const64(geo.out_h))
-                oh = b.srem(item, const64(geo.out_h))
+                if self.rows_outer:
+                    rows, tile = b.sdiv(item, const64(tiles)), b.srem(item, const64(tiles))
+                else:
+                    tile, rows = b.sdiv(item, const64(row_blocks)), b.srem(item, const64(row_blocks))
                 if wide == len(self.tiles):
-                    self.emit_row(n, tile, oh, TILE_VECTORS)
+                    self.emit_item(n, tile, rows, TILE_VECTORS)
                 else:  # the last tile is one vector wide
                     with b.if_else(b.icmp_signed("<", tile, const64(wide))) as (then, otherwise):
                         with then:
-                            self.emit_row(n, tile, oh, TILE_VECTORS)
+                            self.emit_item(n, tile, rows, TILE_VECTORS)
                         with otherwise:
-                            self.emit_row(n, tile, oh, 1)
+                            self.emit_item(n, tile, rows, 1)
 
-    def emit_row(self, n: ir.Value, tile: ir.Value, oh: ir.Value, vectors: int) -> None:
-        """Output row ``oh`` of channel tile ``tile`` (of ``vectors`` blocks), every column."""
-        b = self.b
+    def emit_item(self, n: ir.Value, tile: ir.Value, rows: ir.Value, vectors: int) -> None:
+        """Channel tile ``tile`` (of ``vectors`` blocks) over the output rows of row block
+        ``rows``, one chunk of input blocks after the other."""
+        geo, b, ctx = self.geo, self.b, self.ctx
         block0 = b.mul(tile, const64(TILE_VECTORS))
         weights = b.gep(self.w, [b.mul(block0, const64(BLOCK * self.panel))])
-        row = _Row(n, block0, vectors, weights, oh, b.load(b.gep(self.kh_lo, [oh])), b.load(b.gep(self.kh_hi, [oh])))
-        plan = self.columns
-        if plan.loop_count:
-            with self.ctx.loop(plan.loop_count, name="tile") as t:
-                self.emit_tile(row, b.add(const64(plan.loop_start), b.mul(t, const64(TILE_PIXELS))), TILE_PIXELS)
-        for first, pixels in plan.edges:
-            self.emit_tile(row, const64(first), pixels, first)
+        in_blocks = geo.channels // BLOCK
+        chunks = -(-in_blocks // self.chunk_blocks)
+        if chunks == 1:
+            self.emit_rows(n, block0, vectors, weights, rows, _Chunk(const64(0), const64(in_blocks), True, True))
+            return
+        with ctx.loop(chunks, name="chunk") as chunk:
+            cb_lo = b.mul(chunk, const64(self.chunk_blocks))
+            cb_hi = b.add(cb_lo, const64(self.chunk_blocks))
+            cb_hi = b.select(b.icmp_signed("<", cb_hi, const64(in_blocks)), cb_hi, const64(in_blocks))
+            first = b.icmp_signed("==", chunk, const64(0))
+            last = b.icmp_signed("==", chunk, const64(chunks - 1))
+            self.emit_rows(n, block0, vectors, weights, rows, _Chunk(cb_lo, cb_hi, first, last))
+
+    def emit_rows(self, n: ir.Value, block0: ir.Value, vectors: int, weights: ir.Value, rows: ir.Value,
+                  chunk: _Chunk) -> None:
+        """The output rows of row block ``rows``, every column, over the input blocks of ``chunk``."""
+        geo, b = self.geo, self.b
+        oh_lo = b.mul(rows, const64(self.rows_per_item))
+        oh_hi = b.add(oh_lo, const64(self.rows_per_item))
+        oh_hi = b.select(b.icmp_signed("<", oh_hi, const64(geo.out_h)), oh_hi, const64(geo.out_h))
+        with self.ctx.loop(oh_hi, name="oh", start=oh_lo) as oh:
+            row = _Row(n, block0, vectors, weights, oh, b.load(b.gep(self.kh_lo, [oh])),
+                       b.load(b.gep(self.kh_hi, [oh])), chunk)
+            plan = self.columns
+            if plan.loop_count:
+                with self.ctx.loop(plan.loop_count, name="tile") as t:
+                    ow0 = b.add(const64(plan.loop_start), b.mul(t, const64(TILE_PIXELS)))
+                    self.emit_tile(row, ow0, TILE_PIXELS)
+            for first, pixels in plan.edges:
+                self.emit_tile(row, const64(first), pixels, first)
 
     # -- offsets
-    def input_row(self, row: _Row, cb: ir.Value, kh: ir.Value, ow0: ir.Value) -> ir.Value:
-        """``&Xb[n, cb, ih, ow0 * stride - pad, 0]`` for kernel row ``kh`` (the column may be
-        negative: the taps that would read there are not emitted)."""
+    def input_corner(self, row: _Row, cb: ir.Value, ow0: ir.Value) -> ir.Value:
+        """``&Xb[n, cb, oh * stride - pad, ow0 * stride - pad, 0]``: where tap (0, 0) of the
+        tile's first pixel reads (it may lie in the padding: the taps that would read there
+        are not run, or read zeros)."""
         geo, b = self.geo, self.b
-        ih = affine(b, [(row.oh, geo.stride_h), (kh, 1)], -geo.pad_h)
         plane = geo.in_h * geo.in_w * BLOCK
-        offset = affine(b, [(row.n, geo.channels // BLOCK * plane), (cb, plane), (ih, geo.in_w * BLOCK),
-                            (ow0, geo.stride_w * BLOCK)], -geo.pad_w * BLOCK)
+        terms = [(row.n, geo.channels // BLOCK * plane), (cb, plane), (row.oh, geo.stride_h * geo.in_w * BLOCK),
+                 (ow0, geo.stride_w * BLOCK)]
+        offset = affine(b, terms, -(geo.pad_h * geo.in_w + geo.pad_w) * BLOCK)
         return b.gep(self.x, [offset])
 
     def output_at(self, row: _Row, ow0: ir.Value) -> ir.Value:
@@ -279,19 +364,36 @@ class NCHWcEmitter:
         return affine(self.b, [(row.n, geo.out_channels // BLOCK * plane), (row.block0, plane),
                                (row.oh, geo.out_w * BLOCK), (ow0, BLOCK)])
 
-    def valid_pixels(self, first: int | None, pixels: int, kw: int) -> list[int]:
-        """The pixels of a tile at column ``first`` whose tap ``kw`` is inside the input
-        (all of them for an interior tile, ``first is None``)."""
+    def padded_pixels(self, first: int | None, pixels: int) -> list[int]:
+        """The pixels of a tile at column ``first`` that read the padding at some kernel
+        column (none for an interior tile, ``first is None``)."""
         if first is None:
-            return list(range(pixels))
+            return []
         geo = self.geo
-        return [j for j in range(pixels) if 0 <= (first + j) * geo.stride_w - geo.pad_w + kw < geo.in_w]
+        return [j for j in range(pixels)
+                if not all(0 <= (first + j) * geo.stride_w - geo.pad_w + kw < geo.in_w for kw in range(geo.k_w))]
+
+    def pixel_pointers(self, x_tap: ir.Value, kw: ir.Value, pixels: int, first: int | None) -> list[ir.Value]:
+        """Where each pixel of the tile reads its 8 lanes at the current tap: ``x_tap`` plus
+        the pixel's column, or the zero block for a padded pixel whose column is outside."""
+        geo, b = self.geo, self.b
+        pointers = [b.gep(x_tap, [const64(j * geo.stride_w * BLOCK)]) for j in range(pixels)]
+        for j in self.padded_pixels(first, pixels):
+            column = b.add(kw, const64((first + j) * geo.stride_w - geo.pad_w))
+            inside = b.icmp_unsigned("<", column, const64(geo.in_w))
+            pointers[j] = b.select(inside, pointers[j], self.zeros)
+        return pointers
 
     # -- one tile
     def emit_tile(self, row: _Row, ow0: ir.Value, pixels: int, first: int | None = None) -> None:
         """``row.vectors`` output blocks x ``pixels`` pixels from column ``ow0``, accumulated in
-        registers over input blocks, kernel rows, kernel columns and input lanes; ``first``
-        is ``ow0`` when known at compile time (an edge tile)."""
+        registers over input blocks, the taps of the valid kernel rows and the input lanes;
+        ``first`` is ``ow0`` when known at compile time (an edge tile, whose padded pixels
+        read zeros at the taps outside the input).
+
+        The taps are a runtime loop, not unrolled: unrolled, the same input element is read by
+        pixel ``j`` at tap ``kw`` and by pixel ``j + 1`` at tap ``kw - 1`` (unit stride), and
+        LLVM keeps each broadcast alive from one to the other, spilling registers."""
         geo, b, ctx = self.geo, self.b, self.ctx
         vectors = row.vectors
         copies = accumulator_copies(pixels, vectors)
@@ -303,40 +405,62 @@ class NCHWcEmitter:
             for j in range(pixels):
                 for v in range(vectors):
                     b.store(zero, slots[c][j][v])
+        chunk = row.chunk
+        if chunk.first is not True:  # a later chunk: start from the partial sums
+            with b.if_then(b.not_(chunk.first)):
+                for j, v, at in self.output_vectors(row, ow0, pixels):
+                    b.store(b.load(vector_pointer(b, self.y, at, BLOCK), align=4), slots[0][j][v])
         taps = geo.k_h * geo.k_w
-        with ctx.loop(geo.channels // BLOCK, name="cb") as cb:
+        first_tap, end_tap = b.mul(row.kh_lo, const64(geo.k_w)), b.mul(row.kh_hi, const64(geo.k_w))
+        with ctx.loop(chunk.cb_hi, name="cb", start=chunk.cb_lo) as cb:
             weights_cb = b.gep(row.weights, [b.mul(cb, const64(taps * BLOCK * width))])
-            with ctx.loop(row.kh_hi, name="kh", start=row.kh_lo) as kh:
-                x_row = self.input_row(row, cb, kh, ow0)
-                w_row = b.gep(weights_cb, [b.mul(kh, const64(geo.k_w * BLOCK * width))])
+            corner = self.input_corner(row, cb, ow0)
+            with ctx.loop(end_tap, name="tap", start=first_tap) as tap:
+                x_tap = b.gep(corner, [b.load(b.gep(self.tap_offset, [tap]))])
+                w_tap = b.gep(weights_cb, [b.mul(tap, const64(BLOCK * width))])
+                kw = b.load(b.gep(self.tap_column, [tap])) if self.padded_pixels(first, pixels) else None
+                pointers = self.pixel_pointers(x_tap, kw, pixels, first)
                 acc = [[[b.load(slot) for slot in per_pixel] for per_pixel in per_copy] for per_copy in slots]
-                step = 0
-                for kw in range(geo.k_w):
-                    valid = self.valid_pixels(first, pixels, kw)
-                    if not valid:
-                        continue
-                    for lane in range(BLOCK):
-                        at = (kw * BLOCK + lane) * width
-                        ws = [b.load(vector_pointer(b, w_row, const64(at + v * BLOCK), BLOCK), align=4)
-                              for v in range(vectors)]
-                        c = step % copies
-                        step += 1
-                        for j in valid:
-                            where = const64((j * geo.stride_w + kw) * BLOCK + lane)
-                            x = splat(b, b.load(b.gep(x_row, [where])), BLOCK)
-                            acc[c][j] = [fmuladd(ctx, w, x, a) for w, a in zip(ws, acc[c][j])]
+                for lane in range(BLOCK):
+                    ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * BLOCK), BLOCK), align=4)
+                          for v in range(vectors)]
+                    c = lane % copies
+                    for j, pointer in enumerate(pointers):
+                        x = splat(b, b.load(b.gep(pointer, [const64(lane)])), BLOCK)
+                        acc[c][j] = [fmuladd(ctx, w, x, a) for w, a in zip(ws, acc[c][j])]
                 for per_copy, values in zip(slots, acc):
                     for per_pixel, pixel_values in zip(per_copy, values):
                         for slot, value in zip(per_pixel, pixel_values):
                             b.store(value, slot)
-        self.emit_epilogue(row, ow0, pixels, slots)
+        sums = [[self.sum_copies(slots, j, v) for v in range(vectors)] for j in range(pixels)]
+        if chunk.last is True:
+            self.emit_epilogue(row, ow0, pixels, sums)
+            return
+        with b.if_else(chunk.last) as (then, otherwise):
+            with then:
+                self.emit_epilogue(row, ow0, pixels, sums)
+            with otherwise:  # partial sums, for the next chunk
+                for j, v, at in self.output_vectors(row, ow0, pixels):
+                    b.store(sums[j][v], vector_pointer(b, self.y, at, BLOCK), align=4)
 
-    def emit_epilogue(self, row: _Row, ow0: ir.Value, pixels: int, slots) -> None:
-        """Sum the accumulator copies, add the bias and the residual, apply the activation and
-        store each ``(pixel, block)`` vector."""
-        geo, b = self.geo, self.b
-        plane = geo.out_h * geo.out_w * BLOCK
+    def sum_copies(self, slots, j: int, v: int) -> ir.Value:
+        """The accumulator of pixel ``j``, vector ``v``: the sum of its copies."""
+        value = self.b.load(slots[0][j][v])
+        for copy in slots[1:]:
+            value = self.b.fadd(value, self.b.load(copy[j][v]))
+        return value
+
+    def output_vectors(self, row: _Row, ow0: ir.Value, pixels: int) -> list[tuple[int, int, ir.Value]]:
+        """``(pixel, vector, element offset)`` of each output vector of a tile at column ``ow0``."""
+        plane = self.geo.out_h * self.geo.out_w * BLOCK
         base = self.output_at(row, ow0)
+        return [(j, v, self.b.add(base, const64(v * plane + j * BLOCK)))
+                for j in range(pixels) for v in range(row.vectors)]
+
+    def emit_epilogue(self, row: _Row, ow0: ir.Value, pixels: int, sums: list[list[ir.Value]]) -> None:
+        """Add the bias and the residual to the tile's sums, apply the activation and store
+        each ``(pixel, block)`` vector."""
+        b = self.b
         biases = []
         for v in range(row.vectors):
             if self.bias is None:
@@ -344,18 +468,13 @@ class NCHWcEmitter:
                 continue
             channel = b.mul(b.add(row.block0, const64(v)), const64(BLOCK))
             biases.append(b.load(vector_pointer(b, self.bias, channel, BLOCK), align=4))
-        for j in range(pixels):
-            for v in range(row.vectors):
-                value = b.load(slots[0][j][v])
-                for copy in slots[1:]:
-                    value = b.fadd(value, b.load(copy[j][v]))
-                if biases[v] is not None:
-                    value = b.fadd(value, biases[v])
-                at = b.add(base, const64(v * plane + j * BLOCK))
-                if self.z is not None:
-                    value = b.fadd(value, b.load(vector_pointer(b, self.z, at, BLOCK), align=4))
-                value = self.activate(value)
-                b.store(value, vector_pointer(b, self.y, at, BLOCK), align=4)
+        for j, v, at in self.output_vectors(row, ow0, pixels):
+            value = sums[j][v]
+            if biases[v] is not None:
+                value = b.fadd(value, biases[v])
+            if self.z is not None:
+                value = b.fadd(value, b.load(vector_pointer(b, self.z, at, BLOCK), align=4))
+            b.store(self.activate(value), vector_pointer(b, self.y, at, BLOCK), align=4)
 
     def activate(self, value: ir.Value) -> ir.Value:
         """The activation on a vector: relu as a vector select (NaN kept, as numpy's maximum),
