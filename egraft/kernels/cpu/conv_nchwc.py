@@ -269,7 +269,8 @@ class NCHWcEmitter:
         #: tiles of the item's rows run over them (partial sums go through the output)
         chunk_bytes = geo.k_h * geo.k_w * BLOCK * TILE_VECTORS * BLOCK * 4
         self.chunk_blocks = max(1, min(geo.channels // BLOCK, CHUNK_WEIGHT_BYTES // chunk_bytes))
-        tiles_per_row = plan_columns(geo).loop_count + len(plan_columns(geo).edges)
+        self.columns = plan_columns(geo)
+        tiles_per_row = self.columns.loop_count + len(self.columns.edges)
         chunked = self.chunk_blocks < geo.channels // BLOCK
         #: output rows per work item: enough tiles to reuse each chunk's weights (one row unchunked)
         self.rows_per_item = min(geo.out_h, -(-MIN_TILES_PER_CHUNK // tiles_per_row)) if chunked else 1
@@ -281,7 +282,6 @@ class NCHWcEmitter:
         self.tap_offset = constant_table(ctx, "tap_offset", [(kh * geo.in_w + kw) * BLOCK for kh, kw in taps])
         self.tap_column = constant_table(ctx, "tap_column", [kw for _, kw in taps])
         self.zeros = constant_table(ctx, "zeros", [0.0] * BLOCK, F32)
-        self.columns = plan_columns(geo)
         self.tiles = channel_tiles(geo.out_channels)
         self.panel = geo.channels * geo.k_h * geo.k_w  # floats of packed weights per output channel
 
