@@ -334,6 +334,30 @@ def test_average_pool(x_shape, attrs, count_include_pad):
     check_compiled(model, {"x": x}, rtol=1e-5, atol=1e-6)
 
 
+def lane_window(attrs: dict) -> dict:
+    """A 2-D pool's attributes as the 3-D window of the blocked layout: the lane axis has window 1."""
+    lanes = dict(kernel_shape=[*attrs["kernel_shape"], 1])
+    for name, extra in (("strides", 1), ("dilations", 1)):
+        if name in attrs:
+            lanes[name] = [*attrs[name], extra]
+    if "pads" in attrs:
+        p = attrs["pads"]
+        lanes["pads"] = [p[0], p[1], 0, p[2], p[3], 0]
+    return {**attrs, **lanes}
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("x_shape, attrs", [case for case in POOL_CASES
+                                            if len(case[0]) == 4 and "auto_pad" not in case[1]])
+def test_pools_on_the_blocked_layout_run_generated(op, x_shape, attrs):
+    """A 3-D window whose last axis is 8 lanes with window 1 (pooling [N, C/8, H, W, 8]) is the
+    2-D pool on vectors of lanes: generated code, equal to onnxruntime's 3-D pool."""
+    x = randn(*x_shape[:3], x_shape[3], 8)
+    extra = {"count_include_pad": 1} if op == "AveragePool" else {}
+    model = op_model(op, x, **lane_window(attrs), **extra)
+    check_compiled(model, {"x": x}, rtol=1e-6 if op == "AveragePool" else 0, atol=1e-6 if op == "AveragePool" else 0)
+
+
 def test_pools_float64_and_symbolic_batch():
     model = op_model("MaxPool", randn(1, 3, 9, 9), x_dims=["batch", 3, 9, 9], kernel_shape=[3, 3], strides=[2, 2],
                      pads=[1, 1, 1, 1])

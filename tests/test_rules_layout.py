@@ -400,6 +400,24 @@ def test_a_concat_of_blocked_convs_stays_blocked(branches):
     assert_matches_onnxruntime(graph, model, {"x": randn(1, 8, 5, 5)})
 
 
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[2, 2])),
+    ("AveragePool", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)),
+])
+def test_a_pool_between_blocked_convs_pools_the_blocks(op, attrs):
+    """Conv -> pool -> Conv: the pool runs on the blocked tensor as a 3-D window with a lane
+    axis of 1 (maxpool_through_unblock, averagepool_through_unblock), on generated code."""
+    nodes = [conv("x", "1"), helper.make_node(op, ["conv1"], ["pool"], **attrs), conv("pool", "2")]
+    model = make_model(nodes, {"x": [1, 8, 7, 7]}, "conv2", {**conv_weights(8, 16, "1"), **conv_weights(16, 8, "2")})
+    state, report = saturated(model)
+    assert report.rules[f"{op.lower()}_through_unblock"].applied >= 1
+    graph = extract_graph(state.snapshot(), prefer(ConvNCHWc=0, Conv=10))
+    assert ops(graph) == ["LayoutToBlocked", "ConvNCHWc", op, "ConvNCHWc", "LayoutFromBlocked"]
+    assert graph.nodes[2].attrs["kernel_shape"] == [*attrs["kernel_shape"], 1]
+    assert_matches_onnxruntime(graph, model, {"x": randn(1, 8, 7, 7)})
+
+
 def test_layout_forms_stay_out_with_the_node_count_cost():
     model = chain_model(batch=2)
     state, report = saturated(model)

@@ -11,6 +11,10 @@ over the columns where it is inside the input (compile-time bounds), so those lo
 without a padding branch. AveragePool then divides by the window
 counts, a compile-time table computed by the reference kernel's own helper.
 
+A 3-D window whose last axis is a *lane* axis (window 1, stride 1, no padding: the
+channel-blocked layout ``[N, C/8, H, W, 8]`` that egraft/rules/layout.rules pools in) runs
+as the 2-D pool over ``(H, W)`` with each element a vector of the lanes.
+
 Example: ``MaxPool(x: f32[batch, 64, 112, 112]) {kernel_shape = [3, 3], strides = [2, 2],
 pads = [1, 1, 1, 1]}`` is, per (image, channel, output row), three kernel rows of three
 strided max loops over 56 outputs.
@@ -48,7 +52,8 @@ class PoolGeometry:
     """A 1-D or 2-D pooling window on static spatial dims (1-D: height 1, one kernel row).
 
     Attributes:
-        batch_channels: N * C (an int or a sympy expression).
+        batch_channels: N * C (an int or a sympy expression; N * C/8 for a blocked input).
+        lanes: elements per position: 1, or the lane axis's size for a blocked input.
         in_h, in_w, k_h, k_w, out_h, out_w: spatial sizes of input, kernel and output.
         stride_h, stride_w, dil_h, dil_w, pad_h, pad_w: the window (pads are begin pads).
         window, begins, ends, spatial, outs: the reference's window and its resolution.
@@ -72,6 +77,7 @@ class PoolGeometry:
     outs: tuple[int, ...]
     begins: tuple[int, ...]
     ends: tuple[int, ...]
+    lanes: int = 1
 
     def row_taps(self, oh: int) -> tuple[int, int]:
         """The kernel rows ``[lo, hi)`` inside the input for output row ``oh``."""
@@ -90,7 +96,7 @@ def pool_geometry(ctx: KernelContext) -> PoolGeometry:
     ``out_h == out_w == 4``.
     """
     x_shape, out_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0))
-    if len(x_shape) not in (3, 4):
+    if len(x_shape) not in (3, 4, 5):
         raise Unsupported(f"a {len(x_shape) - 2}-D pooling window has no generated code (1-D and 2-D only)")
     spatial = x_shape[2:]
     if not all(isinstance(d, int) for d in (*spatial, *out_shape[2:])):
@@ -104,6 +110,13 @@ def pool_geometry(ctx: KernelContext) -> PoolGeometry:
     outs, begins, ends = win.resolve(spatial)
     if list(outs) != list(out_shape[2:]):
         raise Unsupported(f"output spatial dims {list(out_shape[2:])} differ from the window's {outs}")
+    lanes = 1
+    if len(spatial) == 3:
+        lanes = spatial[2]
+        lane_axis = (win.kernel[2], win.strides[2], win.dilations[2], begins[2], ends[2], outs[2])
+        if lane_axis != (1, 1, 1, 0, 0, lanes) or lanes not in (4, 8, 16):
+            raise Unsupported("a 3-D pooling window has generated code only as a blocked layout's 2-D window "
+                              "(last axis of 4, 8 or 16 lanes, window 1, stride 1, no padding)")
     batch_channels = x_shape[0] * x_shape[1]
     common = dict(window=win, spatial=tuple(spatial), outs=tuple(outs), begins=tuple(begins), ends=tuple(ends))
     if len(spatial) == 1:
@@ -111,7 +124,7 @@ def pool_geometry(ctx: KernelContext) -> PoolGeometry:
                             1, win.dilations[0], 0, begins[0], **common)
     return PoolGeometry(batch_channels, spatial[0], spatial[1], win.kernel[0], win.kernel[1], outs[0], outs[1],
                         win.strides[0], win.strides[1], win.dilations[0], win.dilations[1], begins[0], begins[1],
-                        **common)
+                        lanes=lanes, **common)
 
 
 #: ``(builder, math, accumulated, value) -> combined``.
@@ -127,12 +140,21 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
     kh_lo = constant_table(ctx, "kh_lo", [geo.row_taps(oh)[0] for oh in range(geo.out_h)])
     kh_hi = constant_table(ctx, "kh_hi", [geo.row_taps(oh)[1] for oh in range(geo.out_h)])
     count_table = constant_table(ctx, "counts", counts.tolist(), t) if counts is not None else None
-    first = ir.Constant(t, start)
+    # an element is one value, or a vector of the blocked layout's lanes
+    et = t if geo.lanes == 1 else ir.VectorType(t, geo.lanes)
+    first = ir.Constant(et, start if geo.lanes == 1 else [start] * geo.lanes)
+
+    def element(ptr: ir.Value, index: ir.Value) -> ir.Value:
+        """The pointer to element ``index`` (a position: ``lanes`` values) of ``ptr``."""
+        if geo.lanes == 1:
+            return b.gep(ptr, [index])
+        return b.bitcast(b.gep(ptr, [b.mul(index, const64(geo.lanes))]), et.as_pointer())
+
     # the interior columns (every tap inside the input) go a vector of outputs at a time
     width = host_vector_bits() // (8 * (4 if t == ir.FloatType() else 8))
     ranges = [geo.column_range(kw) for kw in range(geo.k_w)]
     vector_lo, vector_hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
-    if geo.stride_w > 3 or geo.dil_w != 1 or vector_hi - vector_lo < width:
+    if geo.stride_w > 3 or geo.dil_w != 1 or vector_hi - vector_lo < width or geo.lanes > 1:
         vector_lo = vector_hi = 0
     vector_hi = vector_lo + (vector_hi - vector_lo) // width * width
     planes_lo, planes_hi = ctx.share(ctx.dim(geo.batch_channels))  # planes are independent: split over threads
@@ -140,7 +162,7 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
         with ctx.loop(geo.out_h, name="oh") as oh:
             y_row = affine(b, [(nc, geo.out_h * geo.out_w), (oh, geo.out_w)])
             with ctx.loop(geo.out_w, name="ow0") as ow:
-                b.store(first, b.gep(y, [b.add(y_row, ow)]))
+                b.store(first, element(y, b.add(y_row, ow)), align=4)
             lo, hi = b.load(b.gep(kh_lo, [oh])), b.load(b.gep(kh_hi, [oh]))
 
             def x_row_at(kh: ir.Value) -> ir.Value:
@@ -156,9 +178,9 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
                         if part_hi <= part_lo:
                             continue
                         with ctx.loop(part_hi, name="ow", start=part_lo) as ow:
-                            out = b.gep(y, [b.add(y_row, ow)])
-                            value = b.load(b.gep(x, [b.add(x_tap, affine(b, [(ow, geo.stride_w)]))]))
-                            b.store(combine(b, ctx.math, b.load(out), value), out)
+                            out = element(y, b.add(y_row, ow))
+                            value = b.load(element(x, b.add(x_tap, affine(b, [(ow, geo.stride_w)]))), align=4)
+                            b.store(combine(b, ctx.math, b.load(out, align=4), value), out, align=4)
             if vector_hi > vector_lo:  # interior columns, a vector of outputs at a time, every tap inside
                 vt = ir.VectorType(t, width)
                 wide = ir.VectorType(t, (width - 1) * geo.stride_w + 1)  # not one element past the last tap
@@ -180,9 +202,14 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
             if count_table is not None:
                 count_row = b.mul(oh, const64(geo.out_w))
                 with ctx.loop(geo.out_w, name="ow1") as ow:
-                    out = b.gep(y, [b.add(y_row, ow)])
+                    out = element(y, b.add(y_row, ow))
                     count = b.load(b.gep(count_table, [b.add(count_row, ow)]))
-                    b.store(b.fdiv(b.load(out), count), out)
+                    if geo.lanes > 1:  # the count in every lane
+                        zero = ir.Constant(ir.IntType(32), 0)
+                        lane0 = b.insert_element(ir.Constant(et, None), count, zero)
+                        count = b.shuffle_vector(lane0, ir.Constant(et, None),
+                                                 ir.Constant(ir.VectorType(ir.IntType(32), geo.lanes), [0] * geo.lanes))
+                    b.store(b.fdiv(b.load(out, align=4), count), out, align=4)
 
 
 @register_kernel("MaxPool")
@@ -209,7 +236,10 @@ def average_pool(ctx: KernelContext) -> None:
     geo = pool_geometry(ctx)
     include_pad = bool(ctx.attr("count_include_pad", 0))
     counts = _window_counts(geo.window, geo.spatial, geo.outs, geo.begins, geo.ends, include_pad)
-    counts = np.broadcast_to(counts, (1, 1, *geo.outs)).reshape(-1)
+    counts = np.broadcast_to(counts, (1, 1, *geo.outs))
+    if geo.lanes > 1:
+        counts = counts[..., 0]  # the same for every lane
+    counts = counts.reshape(-1)
     emit_window_pool(ctx, t, geo, 0.0, lambda b, m, acc, v: b.fadd(acc, v), counts)
 
 
