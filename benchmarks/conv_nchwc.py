@@ -8,7 +8,7 @@ a fresh output array), "kernel" the convolution step alone (from the call's prof
 medians of rounds that run every variant once (so a slow spell of the shared machine hits
 them alike). GFLOP/s count a multiply-add as 2; the ratio is NCHWc's over NCHW's.
 
-Run: python benchmarks/conv_nchwc.py [--repeat 7] [--threads 1]
+Run: python benchmarks/conv_nchwc.py [--repeat 7] [--threads 1] [--only res5 vgg]
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", nargs="*", default=[], help="shapes whose name contains one of these")
     args = parser.parse_args()
     temporary_cache()
     table = Table(title=f"Convolutions at {args.threads} thread(s), GFLOP/s (medians of {args.repeat}, "
@@ -90,6 +91,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     ratios = []
     for name, c, m, size, k, pad, stride in SHAPES:
+        if args.only and not any(word in name for word in args.only):
+            continue
         x = rng.standard_normal((1, c, size, size), dtype=np.float32)
         w = rng.standard_normal((m, c, k, k), dtype=np.float32) / math.sqrt(c * k * k)
         b = rng.standard_normal(m, dtype=np.float32)

@@ -93,6 +93,7 @@ CASES = [
     ("3x1 kernel, wide row", (1, 24, 4, 61), 16, {"pads": [1, 0, 1, 0]}),
     ("3x3, input blocks in two chunks", (2, 32, 9, 7), 24, {"pads": [1, 1, 1, 1]}),
     ("7x7 stride 2, one input block per chunk", (1, 16, 17, 23), 16, {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ("3x3, weights beyond L2: an item per channel tile", (1, 128, 5, 6), 72, {"pads": [1, 1, 1, 1]}),
 ]
 
 

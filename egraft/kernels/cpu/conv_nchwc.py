@@ -81,6 +81,8 @@ RESIDENT_WEIGHT_BYTES = 256 * 1024
 CHUNK_WEIGHT_BYTES = 16 * 1024
 #: Column tiles a work item runs over each chunk's weights (its rows are chosen to have as many).
 MIN_TILES_PER_CHUNK = 8
+#: Fewest work items per image when the weights outgrow L2 (for the thread split).
+MIN_ITEMS = 16
 #: Fewest pixels of a row's last tile (a narrower one is merged with the one before, see plan_columns).
 BALANCED_PIXELS = 4
 #: Independent accumulator chains that keep the FMA units busy (2 units x 4 cycles latency).
@@ -272,8 +274,13 @@ class NCHWcEmitter:
         self.columns = plan_columns(geo)
         tiles_per_row = self.columns.loop_count + len(self.columns.edges)
         chunked = self.chunk_blocks < geo.channels // BLOCK
-        #: output rows per work item: enough tiles to reuse each chunk's weights (one row unchunked)
-        self.rows_per_item = min(geo.out_h, -(-MIN_TILES_PER_CHUNK // tiles_per_row)) if chunked else 1
+        #: output rows per work item: enough tiles to reuse each chunk's weights (one row
+        #: unchunked); when the weights outgrow L2, as many as leave MIN_ITEMS items, so that
+        #: they are read from memory as few times as that allows
+        rows = -(-MIN_TILES_PER_CHUNK // tiles_per_row) if chunked else 1
+        if not self.rows_outer:
+            rows = max(rows, geo.out_h // -(-MIN_ITEMS // len(channel_tiles(geo.out_channels))))
+        self.rows_per_item = max(1, min(geo.out_h, rows))
         self.bias = ctx.in_ptr(bias) if bias is not None else None
         self.z = ctx.in_ptr(residual) if residual is not None else None
         self.kh_lo = constant_table(ctx, "kh_lo", [geo.row_taps(oh)[0] for oh in range(geo.out_h)])
