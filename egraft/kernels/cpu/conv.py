@@ -35,7 +35,7 @@ from llvmlite import ir
 from egraft.ir.ops.nn_spatial import _window
 from egraft.kernels.cpu import register_kernel, winograd
 from egraft.kernels.cpu.elementwise import broadcast_strides
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type, masked_load
+from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type, masked_load, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Output channels per register block of the vector micro-kernel.
@@ -217,14 +217,6 @@ def constant_table(ctx: KernelContext, name: str, values: Sequence, element: ir.
     else:
         table.initializer = ir.Constant(array_type, [ir.Constant(element, int(v)) for v in values])
     return table.gep([const64(0), const64(0)])
-
-
-def splat(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
-    """A vector of ``width`` copies of the scalar ``value``."""
-    vector_type = ir.VectorType(value.type, width)
-    one = b.insert_element(ir.Constant(vector_type, None), value, ir.Constant(ir.IntType(32), 0))
-    mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
-    return b.shuffle_vector(one, ir.Constant(vector_type, None), mask)
 
 
 def vector_pointer(b: ir.IRBuilder, base: ir.Value, index: ir.Value, width: int) -> ir.Value:

@@ -64,10 +64,9 @@ from egraft.kernels.cpu.conv import (
     const64,
     constant_table,
     fmuladd,
-    splat,
     vector_pointer,
 )
-from egraft.kernels.cpu.emit import F32, I32, KernelContext, Unsupported
+from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, splat
 
 #: Channels per block of the layouts this kernel reads and writes (floats per vector).
 BLOCK = 8
@@ -484,20 +483,8 @@ class NCHWcEmitter:
             b.store(self.activate(value), vector_pointer(b, self.y, at, BLOCK), align=4)
 
     def activate(self, value: ir.Value) -> ir.Value:
-        """The activation on a vector: relu as a vector select (NaN kept, as numpy's maximum),
-        the others lane by lane through the scalar math (``MathEmitter`` builds scalar
-        constants and libm calls)."""
-        math, b = self.ctx.math, self.b
-        if not self.activation:
-            return value
-        if self.activation == "relu":
-            zero = ir.Constant(self.vector, [0.0] * BLOCK)
-            return b.select(b.fcmp_ordered("<", value, zero), zero, value)
-        for lane in range(BLOCK):
-            index = ir.Constant(I32, lane)
-            scalar = math.activation(self.activation, self.params, b.extract_element(value, index))
-            value = b.insert_element(value, scalar, index)
-        return value
+        """The activation on a vector of lanes."""
+        return self.ctx.math.activation(self.activation, self.params, value)
 
 
 # ---- the generator ----------------------------------------------------------------------------------

@@ -273,6 +273,14 @@ class KernelContext(NodeAttrs):
             self.builder.ret_void()
 
 
+def splat(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
+    """A vector of ``width`` copies of the scalar ``value``."""
+    vector_type = ir.VectorType(value.type, width)
+    one = b.insert_element(ir.Constant(vector_type, None), value, ir.Constant(ir.IntType(32), 0))
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
+    return b.shuffle_vector(one, ir.Constant(vector_type, None), mask)
+
+
 def masked_load(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> ir.Value:
     """``len(mask)`` elements of ``ptr[index..]`` where ``mask`` is set, zero elsewhere;
     masked lanes are not read (they may lie outside the buffer): ``llvm.masked.load``.
@@ -292,8 +300,8 @@ def masked_load(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value, mask: ir.Value)
 
 
 class MathEmitter:
-    """Scalar math in LLVM IR: intrinsics where LLVM has them (vectorizable), libm calls
-    otherwise (tanh, erf)."""
+    """Math in LLVM IR on scalars or vectors: intrinsics where LLVM has them (vectorizable),
+    libm calls otherwise (tanh, erf; lane by lane on a vector)."""
 
     def __init__(self, module: ir.Module, builder: ir.IRBuilder):
         self.module = module
@@ -314,9 +322,22 @@ class MathEmitter:
         return self.b.call(self._function(f"llvm.{base}.{suffix}", x.type, 1 + len(more)), [x, *more])
 
     def _libm(self, base: str, x: ir.Value) -> ir.Value:
-        return self.b.call(self._function(base + ("f" if x.type == F32 else ""), x.type), [x])
+        """libm's ``base`` (``basef`` for float32); on a vector, lane by lane."""
+        t = x.type
+        element = t.element if isinstance(t, ir.VectorType) else t
+        fn = self._function(base + ("f" if element == F32 else ""), element)
+        if not isinstance(t, ir.VectorType):
+            return self.b.call(fn, [x])
+        out = ir.Constant(t, None)
+        for lane in range(t.count):
+            i = ir.Constant(ir.IntType(32), lane)
+            out = self.b.insert_element(out, self.b.call(fn, [self.b.extract_element(x, i)]), i)
+        return out
 
     def const(self, t: ir.Type, v: float) -> ir.Value:
+        """``v`` as a constant of ``t`` (a scalar type, or a vector type: ``v`` in every lane)."""
+        if isinstance(t, ir.VectorType):
+            return ir.Constant(t, [self.const(t.element, v).constant] * t.count)
         return ir.Constant(t, float(v)) if is_float(t) else ir.Constant(t, int(v))
 
     def exp(self, x):
@@ -347,7 +368,7 @@ class MathEmitter:
     def relu(self, x):
         """max(x, 0), NaN kept (as numpy's maximum)."""
         zero = self.const(x.type, 0)
-        if is_float(x.type):
+        if is_float(x.type.element if isinstance(x.type, ir.VectorType) else x.type):
             return self.b.select(self.b.fcmp_ordered("<", x, zero), zero, x)
         return self.b.select(self.b.icmp_signed("<", x, zero), zero, x)
 

@@ -31,7 +31,7 @@ from llvmlite import ir
 from egraft.ir.ops.nn_spatial import _pool_window, _Window, _window_counts
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.conv import affine, const64, constant_table, output_range, tap_range
-from egraft.kernels.cpu.emit import KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.emit import KernelContext, Unsupported, is_float, llvm_type, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Float flags that let LLVM reorder a sum (vectorized reductions).
@@ -204,11 +204,8 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
                 with ctx.loop(geo.out_w, name="ow1") as ow:
                     out = element(y, b.add(y_row, ow))
                     count = b.load(b.gep(count_table, [b.add(count_row, ow)]))
-                    if geo.lanes > 1:  # the count in every lane
-                        zero = ir.Constant(ir.IntType(32), 0)
-                        lane0 = b.insert_element(ir.Constant(et, None), count, zero)
-                        count = b.shuffle_vector(lane0, ir.Constant(et, None),
-                                                 ir.Constant(ir.VectorType(ir.IntType(32), geo.lanes), [0] * geo.lanes))
+                    if geo.lanes > 1:
+                        count = splat(b, count, geo.lanes)
                     b.store(b.fdiv(b.load(out, align=4), count), out, align=4)
 
 

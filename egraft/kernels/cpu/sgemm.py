@@ -48,7 +48,7 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 
-from egraft.kernels.cpu.emit import masked_load
+from egraft.kernels.cpu.emit import masked_load, splat
 from egraft.kernels.cpu.llvm import JitModule, host_cpu, host_vector_bits
 
 F32 = ir.FloatType()
@@ -179,10 +179,7 @@ class _Emitter:
 
     def splat(self, x: ir.Value, lanes: int | None = None) -> ir.Value:
         """A vector of ``lanes`` (default ``VW``) copies of ``x`` (any scalar type)."""
-        lanes = lanes or self.blk.vw
-        vt = ir.VectorType(x.type, lanes)
-        one = self.b.insert_element(ir.Constant(vt, None), x, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+        return splat(self.b, x, lanes or self.blk.vw)
 
     def fma(self, a: ir.Value, x: ir.Value, acc: ir.Value) -> ir.Value:
         t = acc.type

@@ -31,7 +31,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.ops.winograd import winograd_weights
-from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext, masked_load
+from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext, masked_load, splat
 from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES, Epilogue, blocking, emit_call, pack_a_constant
 
 #: Bytes of each thread's scratch given to the transformed input and the products.
@@ -85,10 +85,7 @@ class _Vectors:
         return ir.VectorType(F32, width or self.width)
 
     def splat(self, value: ir.Value, width: int | None = None) -> ir.Value:
-        width = width or self.width
-        vt = ir.VectorType(value.type, width)
-        one = self.b.insert_element(ir.Constant(vt, None), value, ir.Constant(I32, 0))
-        return self.b.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(I32, width), [0] * width))
+        return splat(self.b, value, width or self.width)
 
     def lane_mask(self, first: ir.Value, limit: ir.Value, width: int, extra: ir.Value | None = None) -> ir.Value:
         """Lanes ``first + lane`` inside ``[0, limit)`` (and ``extra``)."""
@@ -225,13 +222,9 @@ def _input_transform(ctx, vec: _Vectors, geo, x_image, v_base, ty0, rows, ld: in
 def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activation: str, params, ty0, rows,
                       ld: int, groups: int, tiles_w: int, o_lo: ir.Value, o_hi: ir.Value) -> None:
     """``Y = act(A^T M A + bias)`` for the chunk's tiles, stored as two interleaved rows."""
-    from egraft.ir.ops.fused import activation_params
-
     b, vw = ctx.builder, vec.width
     const = lambda v: ir.Constant(I64, v)  # noqa: E731
     out_w, out_h = const(geo.out_w), const(geo.out_h)
-    p = list(activation_params(activation, list(params))) if activation else []
-    zero = ir.Constant(vec.vtype(), [0.0] * vw)
     with ctx.loop(o_hi, name="oc", start=o_lo) as o:
         channel = b.gep(y_image, [b.mul(o, const(geo.out_h * geo.out_w))])
         bias = vec.splat(b.load(b.gep(bias_ptr, [o]))) if bias_ptr is not None else None
@@ -250,23 +243,10 @@ def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activa
                     pair = [b.fadd(b.fadd(s[i][0], s[i][1]), s[i][2]), b.fsub(b.fsub(s[i][1], s[i][2]), s[i][3])]
                     if bias is not None:
                         pair = [b.fadd(v, bias) for v in pair]
-                    pair = [_activate(b, v, activation, p, zero, vec) for v in pair]
+                    pair = [ctx.math.activation(activation, params, v) for v in pair]
                     row = b.add(oy, const(i))
                     with b.if_then(b.icmp_signed("<", row, out_h)):
                         vec.masked_store(vec.interleave(*pair), channel, b.add(b.mul(row, out_w), ox), mask)
-
-
-def _activate(b: ir.IRBuilder, v: ir.Value, activation: str, p: list[float], zero: ir.Value, vec: _Vectors):
-    """The activations the library form takes (relu, leaky_relu, clip) on a vector."""
-    if activation == "relu":
-        return b.select(b.fcmp_ordered("<", v, zero), zero, v)
-    if activation == "leaky_relu":
-        return b.select(b.fcmp_ordered("<", v, zero), b.fmul(v, vec.splat(ir.Constant(F32, p[0]))), v)
-    if activation == "clip":
-        lo, hi = vec.splat(ir.Constant(F32, p[0])), vec.splat(ir.Constant(F32, p[1]))
-        v = b.select(b.fcmp_ordered("<", v, lo), lo, v)
-        return b.select(b.fcmp_ordered(">", v, hi), hi, v)
-    return v
 
 
 __all__ = ["WINOGRAD_BYTES", "chunk_rows", "fits", "emit_winograd"]
