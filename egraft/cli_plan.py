@@ -72,7 +72,8 @@ def plan(
     timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 30.0,
     reproducible: Annotated[bool, typer.Option(
         "--reproducible",
-        help="Leave out the timings: the file is then the same, byte for byte, on every run.")] = False,
+        help="Leave out what measures the run (timings; a time-limited ILP's gap and bound): the file is "
+             "then the same, byte for byte, on every run.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --output if it exists.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:

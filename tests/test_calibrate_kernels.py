@@ -22,7 +22,7 @@ from egraft.extract.calibrate_kernels import (
 )
 from egraft.extract.cost import Roofline, cost_model
 from egraft.extract.kernel_cases import kernel_cases
-from egraft.extract.profiles import Profile, load_profile, save_profile, user_profile_path
+from egraft.extract.profiles import SHIPPED_DIR, Profile, load_profile, save_profile, user_profile_path
 from egraft.ir.work import Work
 
 runner = CliRunner()
@@ -80,9 +80,11 @@ def test_a_number_the_samples_do_not_determine_stays_near_one():
 
 
 def test_the_fitted_profile_is_saved_read_back_and_changes_the_cost_model():
-    before = cost_model("roofline")
-    work = Work(1e8, "conv", reads=1e6, writes=0.0)  # compute-bound: 1e8 / 100 GFLOP/s (shipped placeholder)
-    assert before.op_cost(work, None) == pytest.approx(1e8 / 100e3 + 1.0)
+    before = cost_model("roofline")  # the shipped profile (no saved one yet)
+    shipped = load_profile(str(SHIPPED_DIR / "cpu-host.toml"))
+    work = Work(1e8, "conv", reads=1e6, writes=0.0)  # compute-bound
+    assert before.op_cost(work, None) == pytest.approx(
+        1e8 / (shipped.peak_gflops * 1e3 * shipped.efficiency["conv"]) + shipped.launch_us)
     fits = fit_families(_samples(), MACHINE)
     profile = fitted_profile(MACHINE, fits, threads=1, date="2026-02-03")
     assert profile.source == ("measured 2026-01-01: test figures; kernels measured 2026-02-03: 22 kernels in "

@@ -9,8 +9,9 @@ profile, extractor, budgets, egraft version) and the time spent in each stage.
 
 Format ``egraft-plan``, version :data:`PLAN_VERSION`; the layout is documented in
 ``docs/plans.md``. The same inputs give the same plan byte for byte, except the
-``timings`` section (seconds measured in this run); :func:`plan_json` with
-``timings=False`` leaves it out.
+``timings`` section (seconds measured in this run) and, when the ILP's time limit stopped
+HiGHS, the extraction's ``gap`` and ``lower_bound`` (the bound HiGHS had proven when the
+clock ran out); :func:`plan_json` with ``timings=False`` leaves those out.
 
 Example:
     >>> result = optimize(graph, cost="roofline", extractor="ilp")      # doctest: +SKIP
@@ -175,8 +176,12 @@ def build_plan(result, model_label: str | None = None, extractor_time_limit: flo
 
 
 def plan_json(plan: dict, timings: bool = True) -> str:
-    """The plan as JSON text (keys in document order, 1-space indents, a final newline)."""
+    """The plan as JSON text (keys in document order, 1-space indents, a final newline);
+    ``timings=False`` leaves out what depends on the clock (see the module's docstring)."""
     body = plan if timings else {k: v for k, v in plan.items() if k != "timings"}
+    extraction = body.get("extraction", {})
+    if not timings and str(extraction.get("status", "")).startswith("time limit"):
+        body = {**body, "extraction": {k: v for k, v in extraction.items() if k not in ("gap", "lower_bound")}}
     return json.dumps(body, indent=1, ensure_ascii=False) + "\n"
 
 

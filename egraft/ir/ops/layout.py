@@ -157,16 +157,24 @@ class _Body(_FusedBody):
         """A constant int64 vector."""
         return self.add("Constant", value=numpy_helper.from_array(np.array(values, dtype=np.int64)))
 
-    def to_blocked(self, x: str, rank: int, block: int) -> str:
-        """``[N, C, *S] -> [N, C/block, *S, block]``: Reshape to ``[N, C/block, block, *S]``, then Transpose."""
-        target = self.add("Concat", self.add("Shape", x, end=1), self.ints([-1, block]), self.add("Shape", x, start=2),
-                          axis=0)
-        split = self.add("Reshape", x, target)
+    def to_blocked(self, x: str, shape: Sequence[Dim], block: int) -> str:
+        """``[N, C, *S] -> [N, C/block, *S, block]`` (``shape`` is x's): Reshape to
+        ``[N, C/block, block, *S]``, then Transpose."""
+        rank = len(shape)
+        if all(isinstance(d, int) for d in shape[1:]):  # a constant target: valid at every opset
+            split = self.add("Reshape", x, self.ints([0, shape[1] // block, block, *shape[2:]]))
+        else:
+            target = self.add("Concat", self.add("Shape", x, end=1), self.ints([-1, block]),
+                              self.add("Shape", x, start=2), axis=0)
+            split = self.add("Reshape", x, target)
         return self.add("Transpose", split, perm=[0, 1, *range(3, rank + 1), 2])
 
-    def from_blocked(self, y: str, rank: int) -> str:
-        """``[N, C/block, *S, block] -> [N, C, *S]`` (``rank`` is the blocked rank)."""
+    def from_blocked(self, y: str, shape: Sequence[Dim]) -> str:
+        """``[N, C/block, *S, block] -> [N, C, *S]`` (``shape`` is y's, blocked)."""
+        rank = len(shape)
         lanes = self.add("Transpose", y, perm=[0, 1, rank - 1, *range(2, rank - 1)])
+        if all(isinstance(d, int) for d in shape[1:]):  # a constant target: valid at every opset
+            return self.add("Reshape", lanes, self.ints([0, shape[1] * shape[-1], *shape[2:-1]]))
         target = self.add("Concat", self.add("Shape", lanes, end=1), self.ints([-1]), self.add("Shape", lanes, start=3),
                           axis=0)
         return self.add("Reshape", lanes, target)
@@ -192,11 +200,16 @@ class _Body(_FusedBody):
                                     [helper.make_opsetid("", FUNCTION_OPSET)], attributes=sorted(self.node.attrs))
 
 
-def _rank_of(node, index: int = 0) -> int:
-    t = node.inputs[index].type
-    if t.shape is None:
+def _shape_for_export(node, index: int = 0) -> tuple[Dim, ...]:
+    """Input ``index``'s shape, which must have a known rank to export the node."""
+    shape = node.inputs[index].type.shape
+    if shape is None:
         raise ValueError(f"{node.op}: the rank of input {index} must be known to export it")
-    return len(t.shape)
+    return tuple(shape)
+
+
+def _rank_of(node, index: int = 0) -> int:
+    return len(_shape_for_export(node, index))
 
 
 # ---- ConvNHWC -----------------------------------------------------------------------------------
@@ -245,12 +258,12 @@ def _from_blocked_infer(ctx: InferContext) -> list[TensorType]:
 
 def _to_blocked_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["X"])
-    return body.function(body.to_blocked("X", _rank_of(node), int(_attr(node, "block"))))
+    return body.function(body.to_blocked("X", _shape_for_export(node, 0), int(_attr(node, "block"))))
 
 
 def _from_blocked_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["Xb"])
-    return body.function(body.from_blocked("Xb", _rank_of(node)))
+    return body.function(body.from_blocked("Xb", _shape_for_export(node, 0)))
 
 
 register_op(
@@ -292,8 +305,10 @@ def _conv_nchwc(ctx, xb, w, b=None, z=None):
 
 def _conv_nchwc_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["Xb", "W", "B", "Z"])
-    rank = _rank_of(node)
-    y = body.to_blocked(body.conv(body.from_blocked("Xb", rank), keep_work=True), rank - 1, int(_attr(node, "block")))
+    xb = _shape_for_export(node, 0)
+    block = int(_attr(node, "block"))
+    y = body.conv(body.from_blocked("Xb", xb), keep_work=True)
+    y = body.to_blocked(y, unblocked_shape(node.outputs[0].type.shape, block), block)
     return body.function(body.epilogue(y))
 
 
