@@ -4,8 +4,8 @@ A profile gives the peak arithmetic rate, the memory bandwidth, the cost of a ke
 launch and, per kernel family, the fraction of peak that family reaches (``[efficiency]``)
 and, optionally, the fraction of the bandwidth it reaches (``[bandwidth_efficiency]``:
 above 1 when its data sits in cache; ``egraft calibrate --kernels`` fits both). Shipped
-profiles live in ``egraft/extract/profiles/`` (``cpu-host`` with placeholder figures,
-``cuda-h200`` from the datasheet); ``egraft calibrate`` measures this machine and saves
+profiles live in ``egraft/extract/profiles/`` (``cpu-host`` with figures measured on a 2-core
+znver3, ``cuda-h200`` from the datasheet); ``egraft calibrate`` measures this machine and saves
 ``cpu-host`` in the user's config dir (``$EGRAFT_CONFIG_DIR``, else
 ``$XDG_CONFIG_HOME/egraft``, else ``~/.config/egraft``), where it takes precedence.
 
