@@ -6,7 +6,10 @@ bias, no activation).
 Each variant is one compiled one-node model; "call" times whole model calls (input checks,
 a fresh output array), "kernel" the convolution step alone (from the call's profile), both
 medians of rounds that run every variant once (so a slow spell of the shared machine hits
-them alike). GFLOP/s count a multiply-add as 2; the ratio is NCHWc's over NCHW's.
+them alike). "numpy GEMM" is OpenBLAS's product of the same shape (M = output channels,
+N = output pixels, K = input channels x kernel area) on a ready im2col matrix, in the same
+rounds: the convolution's work as a bare GEMM, without the im2col egraft's kernels never
+build. GFLOP/s count a multiply-add as 2; the ratios are NCHWc's kernel over the others.
 
 Run: python benchmarks/conv_nchwc.py [--repeat 7] [--threads 1] [--only res5 vgg]
 """
@@ -17,6 +20,7 @@ import os
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
+os.environ.pop("OPENBLAS_CORETYPE", None)  # it pins OpenBLAS to an older, slower kernel
 
 import argparse  # noqa: E402
 import math  # noqa: E402
@@ -41,8 +45,10 @@ SHAPES = [
     ("res3 3x3 128", 128, 128, 28, 3, 1, 1),
     ("res4 3x3 256", 256, 256, 14, 3, 1, 1),
     ("res5 3x3 512", 512, 512, 7, 3, 1, 1),
+    ("res2 1x1 64->64", 64, 64, 56, 1, 0, 1),
     ("res2 1x1 64->256", 64, 256, 56, 1, 0, 1),
     ("res2 1x1 256->64", 256, 64, 56, 1, 0, 1),
+    ("res5 1x1 512->2048", 512, 2048, 7, 1, 0, 1),
     ("vgg 3x3 64 224", 64, 64, 224, 3, 1, 1),
 ]
 
@@ -86,10 +92,10 @@ def main() -> None:
     table = Table(title=f"Convolutions at {args.threads} thread(s), GFLOP/s (medians of {args.repeat}, "
                         f"{host_cpu()[1]}): blocked NCHWc direct kernel vs NCHW Conv (products)")
     for col in ("shape", "C -> M, HxW, k/s", "NCHW call", "NCHWc call", "NCHW kernel", "NCHWc kernel",
-                "NCHWc/NCHW kernel"):
+                "numpy GEMM", "NCHWc/NCHW kernel", "NCHWc/numpy"):
         table.add_column(col, justify="left" if col == "shape" else "right")
     rng = np.random.default_rng(0)
-    ratios = []
+    ratios, to_numpy = [], []
     for name, c, m, size, k, pad, stride in SHAPES:
         if args.only and not any(word in name for word in args.only):
             continue
@@ -104,18 +110,27 @@ def main() -> None:
         assert np.abs(to_blocked(want, 8) - got).max() <= 1e-4 * np.abs(want).max(), name
         nchw.kernel_ms.clear()
         nchwc.kernel_ms.clear()
-        calls = interleaved_medians_ms({"nchw": nchw, "nchwc": nchwc}, args.repeat)
         out = (size + 2 * pad - k) // stride + 1
+        weights = w.reshape(m, c * k * k)
+        columns = rng.standard_normal((c * k * k, out * out), dtype=np.float32)
+        product = np.empty((m, out * out), np.float32)
+        calls = interleaved_medians_ms({"nchw": nchw, "nchwc": nchwc,
+                                        "numpy": lambda: np.matmul(weights, columns, out=product)}, args.repeat)
         gflop = 2.0 * m * out * out * c * k * k / 1e9
         kernel_nchw = gflop / (statistics.median(nchw.kernel_ms) / 1e3)
         kernel_nchwc = gflop / (statistics.median(nchwc.kernel_ms) / 1e3)
+        numpy_gemm = gflop / (calls["numpy"] / 1e3)
         ratios.append(kernel_nchwc / kernel_nchw)
+        to_numpy.append(kernel_nchwc / numpy_gemm)
         table.add_row(name, f"{c} -> {m}, {size}x{size}, {k}x{k}/{stride}", f"{gflop / (calls['nchw'] / 1e3):.1f}",
                       f"{gflop / (calls['nchwc'] / 1e3):.1f}", f"{kernel_nchw:.1f}", f"{kernel_nchwc:.1f}",
-                      f"{kernel_nchwc / kernel_nchw:.2f}")
+                      f"{numpy_gemm:.1f}", f"{kernel_nchwc / kernel_nchw:.2f}", f"{kernel_nchwc / numpy_gemm:.2f}")
     table.add_section()
-    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-    table.add_row("geometric mean", "", "", "", "", "", f"{geomean:.2f}")
+
+    def geomean(xs: list[float]) -> str:
+        return f"{math.exp(sum(math.log(r) for r in xs) / len(xs)):.2f}"
+
+    table.add_row("geometric mean", "", "", "", "", "", "", geomean(ratios), geomean(to_numpy))
     Console(width=160).print(table)
 
 
