@@ -162,3 +162,14 @@ def test_node_cost_prices_a_graph_node_by_its_work_on_the_profile():
     outputs = 64 * 28 * 28
     assert (work.family, work.flops) == ("conv", 2.0 * outputs * 64 * 9 + outputs)  # products, then the bias
     assert model.node_cost(graph, graph.nodes[0]) == pytest.approx(work.flops / (80e3 * 0.6) + 1.0)
+
+
+def test_a_variant_measured_once_takes_its_parents_memory_side():
+    """One compute-bound sample of ConvNHWC fits its efficiency but cannot see its bandwidth:
+    the profile gives it conv's, so it never looks cheaper where conv is memory-bound."""
+    samples = _samples() + synthetic_samples(TRUTH, "conv_nhwc", [(5e8, 1e6)])
+    fits = fit_families(samples, MACHINE)
+    assert fits["conv_nhwc"].samples == 1
+    profile = fitted_profile(MACHINE, fits, threads=1, date="2026-02-03")
+    assert profile.bandwidth_efficiency["conv_nhwc"] == profile.bandwidth_efficiency["conv"] == 0.4
+    assert profile.efficiency["conv_nhwc"] == pytest.approx(fits["conv_nhwc"].efficiency, rel=1e-2)

@@ -201,8 +201,9 @@ def fit_families(samples: Sequence[KernelSample], base: Profile) -> dict[str, Fa
 def fitted_profile(base: Profile, fits: Mapping[str, FamilyFit], threads: int,
                    date: str | None = None) -> Profile:
     """``base`` with the fitted families' parameters (rounded to 3 digits; an unmeasured
-    variant family takes its parent's, see :data:`VARIANT_OF`) and a record of the
-    measurement appended to its ``source``."""
+    variant family takes its parent's, see :data:`VARIANT_OF`, and a variant measured once
+    its parent's bandwidth efficiency) and a record of the measurement appended to its
+    ``source``."""
     date = date or datetime.date.today().isoformat()
     efficiency = dict(base.efficiency)
     bandwidth = dict(base.bandwidth_efficiency)
@@ -212,6 +213,11 @@ def fitted_profile(base: Profile, fits: Mapping[str, FamilyFit], threads: int,
     for family, parent in VARIANT_OF.items():
         if family not in fits and parent in fits:
             efficiency[family], bandwidth[family] = efficiency[parent], bandwidth[parent]
+        elif family in fits and fits[family].samples < 2 and parent in fits:
+            # one sample cannot tell its two numbers apart (its fit is the point of a curve
+            # nearest to 1): the memory side is the parent's, so that the variant does not
+            # look cheaper wherever its parent is memory-bound
+            bandwidth[family] = bandwidth[parent]
     plain = base.source.split(f"; {SOURCE_TAG}")[0]
     kernels = sum(f.samples for f in fits.values())
     record = f"{SOURCE_TAG} {date}: {kernels} kernels in {len(fits)} families at {threads} thread(s)"
