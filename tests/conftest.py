@@ -16,6 +16,13 @@ def _isolated_config_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
+@pytest.fixture
+def split_every_parallel_kernel(monkeypatch):
+    """Small test shapes do less work than the runtime's threshold for splitting a kernel:
+    lower it so that the runs at 2 threads really run in parts."""
+    monkeypatch.setattr("egraft.lowering.runtime.MIN_PARALLEL_WORK", 0)
+
+
 def check_compiled(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6,
                    generated: bool = True, exact_onnxruntime: bool = False) -> dict[str, np.ndarray]:
     """Compile ``model`` for the CPU (no rewriting) and run it: dtypes, shapes and values

@@ -22,11 +22,8 @@ RNG = np.random.default_rng(11)
 BLOCK = 8
 
 
-@pytest.fixture(autouse=True)
-def split_every_parallel_kernel(monkeypatch):
-    """Small test shapes do less work than the runtime's threshold for splitting a kernel:
-    lower it so that the runs at 2 threads really run in parts."""
-    monkeypatch.setattr("egraft.lowering.runtime.MIN_PARALLEL_WORK", 0)
+#: every parallel kernel runs in parts here, however small its test shape
+pytestmark = pytest.mark.usefixtures("split_every_parallel_kernel")
 
 
 def randn(*shape: int) -> np.ndarray:
@@ -54,9 +51,9 @@ def nchwc_model(w: np.ndarray, b: np.ndarray | None, attrs: dict, x_dims: list, 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
 
 
-def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict, z: np.ndarray | None = None,
-              activation: str = "") -> np.ndarray:
-    """onnxruntime's Conv (+ Z) (+ Relu) on the unblocked ``x``, blocked again."""
+def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict,
+              z: np.ndarray | None = None) -> np.ndarray:
+    """onnxruntime's Conv (+ Z) on the unblocked ``x``, blocked again."""
     b = b if b is not None else np.zeros(w.shape[0], np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
     feeds = {"x": x, "w": w, "b": b}
@@ -64,7 +61,7 @@ def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict, z
     if z is not None:
         nodes.append(helper.make_node("Add", [last, "z"], ["s"]))
         last, feeds["z"] = "s", z
-    nodes.append(helper.make_node("Relu" if activation == "relu" else "Identity", [last], ["y"]))
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
     inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()]
     graph = helper.make_graph(nodes, "ref", inputs, [onnx.ValueInfoProto(name="y")])
     y = run_onnxruntime(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), feeds)["y"]

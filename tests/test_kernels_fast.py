@@ -33,11 +33,8 @@ from egraft.testing.models import scale_relative_error
 RNG = np.random.default_rng(6)
 
 
-@pytest.fixture(autouse=True)
-def split_every_parallel_kernel(monkeypatch):
-    """Small test shapes do less work than the runtime's threshold for splitting a kernel:
-    lower it so that the runs at 2 threads really run in parts."""
-    monkeypatch.setattr("egraft.lowering.runtime.MIN_PARALLEL_WORK", 0)
+#: every parallel kernel runs in parts here, however small its test shape
+pytestmark = pytest.mark.usefixtures("split_every_parallel_kernel")
 
 
 def randn(*shape: int) -> np.ndarray:

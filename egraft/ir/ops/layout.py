@@ -39,12 +39,15 @@ from egraft.ir.ops.fused import (
     _activate,
     _activation_attrs,
     _add_to,
+    _as_work,
     _check_activation,
     _check_addend,
+    _node_attr,
+    _work_dtype,
 )
 from egraft.ir.ops.fused import _Body as _FusedBody
 from egraft.ir.ops.nn_spatial import conv_compute, conv_infer
-from egraft.ir.registry import AttrSpec, InferContext, get_op, register_op
+from egraft.ir.registry import AttrSpec, InferContext, register_op
 from egraft.ir.types import TensorType
 
 DOMAIN = "com.egraft"
@@ -143,13 +146,6 @@ def _permute(shape: Sequence[Dim], perm: Sequence[int]) -> tuple[Dim, ...]:
 
 
 # ---- ONNX function bodies -----------------------------------------------------------------------
-def _attr(node, name: str):
-    """The node's attribute ``name``, else the op's default."""
-    if name in node.attrs:
-        return node.attrs[name]
-    return get_op(node.op, node.domain or DOMAIN).attrs[name].default
-
-
 class _Body(_FusedBody):
     """A FunctionProto under construction (FusedConv's, with the layout changes and an ``output``)."""
 
@@ -258,7 +254,7 @@ def _from_blocked_infer(ctx: InferContext) -> list[TensorType]:
 
 def _to_blocked_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["X"])
-    return body.function(body.to_blocked("X", _shape_for_export(node, 0), int(_attr(node, "block"))))
+    return body.function(body.to_blocked("X", _shape_for_export(node, 0), int(_node_attr(node, "block"))))
 
 
 def _from_blocked_function(node) -> onnx.FunctionProto:
@@ -296,17 +292,16 @@ def _conv_nchwc_infer(ctx: InferContext) -> list[TensorType]:
 def _conv_nchwc(ctx, xb, w, b=None, z=None):
     """act(Conv(Xb, W, B) + Z) on blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]."""
     block = _block(ctx)
-    work = np.float64 if xb.dtype == np.float64 else np.float32
-    y = conv_compute(ctx, from_blocked(xb, block).astype(work, copy=False), w.astype(work, copy=False),
-                     None if b is None else b.astype(work, copy=False))[0]
-    y = _add_to(to_blocked(y, block), None if z is None else z.astype(work, copy=False), "Z")
+    work = _work_dtype(xb.dtype)
+    y = conv_compute(ctx, _as_work(from_blocked(xb, block), work), _as_work(w, work), _as_work(b, work))[0]
+    y = _add_to(to_blocked(y, block), _as_work(z, work), "Z")
     return [_activate(ctx, y).astype(xb.dtype, copy=False)]
 
 
 def _conv_nchwc_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["Xb", "W", "B", "Z"])
     xb = _shape_for_export(node, 0)
-    block = int(_attr(node, "block"))
+    block = int(_node_attr(node, "block"))
     y = body.conv(body.from_blocked("Xb", xb), keep_work=True)
     y = body.to_blocked(y, unblocked_shape(node.outputs[0].type.shape, block), block)
     return body.function(body.epilogue(y))

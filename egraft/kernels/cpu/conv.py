@@ -144,15 +144,19 @@ def _static(dims: Sequence, what: str) -> list[int]:
     return [int(d) for d in dims]
 
 
-def conv_geometry(ctx: KernelContext) -> ConvGeometry:
+def conv_geometry(ctx: KernelContext, x_shape: Sequence | None = None,
+                  out_shape: Sequence | None = None) -> ConvGeometry:
     """The geometry of the node's convolution (inputs X and W, Conv's attributes), from the
     static shapes; :class:`Unsupported` for symbolic non-batch dims or a 3-D (or higher) conv.
+    ``x_shape`` and ``out_shape`` (default: the node's) are the standard-layout shapes of X
+    and Y, for a convolution in another layout.
 
     Example: for ``Conv(f32[N, 8, 10, 10], f32[4, 8, 3, 3]) {strides = [2, 2], pads = [1, 1, 1, 1]}``
     the geometry has ``out_h == out_w == 5`` and ``pad_h == pad_w == 1``.
     """
-    x_shape, w_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.in_type(1))
-    out_shape = ctx.shape(ctx.out_type(0))
+    x_shape = ctx.shape(ctx.in_type(0)) if x_shape is None else x_shape
+    out_shape = ctx.shape(ctx.out_type(0)) if out_shape is None else out_shape
+    w_shape = ctx.shape(ctx.in_type(1))
     rank = len(x_shape)
     if rank not in (3, 4) or len(w_shape) != rank:
         raise Unsupported(f"a {rank - 2}-D convolution has no generated code (1-D and 2-D only)")

@@ -54,15 +54,15 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.dims import dims_equal
-from egraft.ir.ops.nn_spatial import _window
+from egraft.ir.ops.layout import unblocked_shape
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.conv import (
     ConvGeometry,
     _activation,
-    _static,
     affine,
     const64,
     constant_table,
+    conv_geometry,
     fmuladd,
     vector_pointer,
 )
@@ -92,40 +92,29 @@ MAX_ACCUMULATORS = 12
 
 # ---- compile-time plans -----------------------------------------------------------------------------
 def blocked_geometry(ctx: KernelContext) -> ConvGeometry:
-    """The geometry of a ``ConvNCHWc`` node in channel terms (C and M, not blocks), from the
-    static shapes; :class:`Unsupported` for symbolic non-batch dims, another block than
-    :data:`BLOCK`, or a rank other than 2-D.
+    """The geometry of a ``ConvNCHWc`` node in channel terms (C and M, not blocks): Conv's
+    (:func:`~egraft.kernels.cpu.conv.conv_geometry`) on the unblocked shapes;
+    :class:`Unsupported` for another block than :data:`BLOCK`, a rank other than 2-D, groups
+    or dilations.
 
     Example: ``ConvNCHWc(f32[N, 2, 10, 10, 8], W f32[8, 16, 3, 3]) {strides = [2, 2], pads = [1, 1, 1, 1]}``
     has ``channels == 16``, ``out_channels == 8`` and ``out_h == out_w == 5``.
     """
-    x_shape, w_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.in_type(1))
-    out_shape = ctx.shape(ctx.out_type(0))
-    if len(x_shape) != 5 or len(w_shape) != 4 or len(out_shape) != 5:
-        raise Unsupported("only 2-D blocked convolutions have generated code")
+    x_shape, out_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0))
     block = int(ctx.attr("block", BLOCK))
-    if block != BLOCK or x_shape[-1] != BLOCK or out_shape[-1] != BLOCK:
+    if block != BLOCK:
         raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
-    in_blocks, in_h, in_w = _static(x_shape[1:4], "the channel block and spatial dims")
-    out_blocks, out_h, out_w = _static(out_shape[1:4], "the output channel block and spatial dims")
-    out_channels, group_in, k_h, k_w = _static(w_shape, "the weight dims")
-    group = int(ctx.attr("group", 1))
-    if group != 1 or group_in != in_blocks * BLOCK or out_channels != out_blocks * BLOCK:
-        raise Unsupported(f"group {group} has no generated code (one group only)")
-    given = ctx.attr("kernel_shape", None)
-    if given and [int(k) for k in given] != [k_h, k_w]:
-        raise Unsupported(f"kernel_shape {list(given)} differs from the weights' {[k_h, k_w]}")
+    if len(x_shape) != 5 or len(out_shape) != 5:
+        raise Unsupported("only 2-D blocked convolutions have generated code")
     try:
-        win = _window(ctx, [k_h, k_w])
+        geo = conv_geometry(ctx, unblocked_shape(x_shape, BLOCK), unblocked_shape(out_shape, BLOCK))
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    outs, begins, _ = win.resolve([in_h, in_w])
-    if list(outs) != [out_h, out_w]:
-        raise Unsupported(f"output spatial dims {[out_h, out_w]} differ from the window's {list(outs)}")
-    if tuple(win.dilations) != (1, 1):
-        raise Unsupported(f"dilations {list(win.dilations)} have no generated code (1 only)")
-    return ConvGeometry(x_shape[0], in_blocks * BLOCK, out_channels, 1, in_h, in_w, k_h, k_w, out_h, out_w,
-                        win.strides[0], win.strides[1], 1, 1, begins[0], begins[1])
+    if geo.group != 1:
+        raise Unsupported(f"group {geo.group} has no generated code (one group only)")
+    if (geo.dil_h, geo.dil_w) != (1, 1):
+        raise Unsupported(f"dilations {[geo.dil_h, geo.dil_w]} have no generated code (1 only)")
+    return geo
 
 
 @dataclass(frozen=True)
@@ -480,11 +469,8 @@ class NCHWcEmitter:
                 value = b.fadd(value, biases[v])
             if self.z is not None:
                 value = b.fadd(value, b.load(vector_pointer(b, self.z, at, BLOCK), align=4))
-            b.store(self.activate(value), vector_pointer(b, self.y, at, BLOCK), align=4)
-
-    def activate(self, value: ir.Value) -> ir.Value:
-        """The activation on a vector of lanes."""
-        return self.ctx.math.activation(self.activation, self.params, value)
+            value = self.ctx.math.activation(self.activation, self.params, value)
+            b.store(value, vector_pointer(b, self.y, at, BLOCK), align=4)
 
 
 # ---- the generator ----------------------------------------------------------------------------------

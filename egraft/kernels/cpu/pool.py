@@ -30,7 +30,7 @@ from llvmlite import ir
 
 from egraft.ir.ops.nn_spatial import _pool_window, _Window, _window_counts
 from egraft.kernels.cpu import register_kernel
-from egraft.kernels.cpu.conv import affine, const64, constant_table, output_range, tap_range
+from egraft.kernels.cpu.conv import affine, const64, constant_table, output_range, tap_range, vector_pointer
 from egraft.kernels.cpu.emit import KernelContext, Unsupported, is_float, llvm_type, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
 
@@ -148,7 +148,7 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
         """The pointer to element ``index`` (a position: ``lanes`` values) of ``ptr``."""
         if geo.lanes == 1:
             return b.gep(ptr, [index])
-        return b.bitcast(b.gep(ptr, [b.mul(index, const64(geo.lanes))]), et.as_pointer())
+        return vector_pointer(b, ptr, b.mul(index, const64(geo.lanes)), geo.lanes)
 
     # the interior columns (every tap inside the input) go a vector of outputs at a time
     width = host_vector_bits() // (8 * (4 if t == ir.FloatType() else 8))
