@@ -131,3 +131,31 @@ def test_sequence_inputs_are_unsupported_with_a_clear_message():
         [helper.make_tensor_value_info("n", TensorProto.INT64, [])]), opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(UnsupportedOpError, match="graph input 's' is a sequence_type; egraft supports tensor values"):
         egraft.load(model)
+
+
+@pytest.mark.parametrize("placeholder", ["?", "-1", "None", "", "unk"])
+def test_placeholder_dim_names_are_a_fresh_symbol_at_each_place(placeholder):
+    """An exporter that writes ``?`` for every unknown dim does not mean H == W."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [placeholder, 3, placeholder, placeholder])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [placeholder])],
+        [helper.make_tensor("axes", TensorProto.INT64, [3], [1, 2, 3])]), opset_imports=[helper.make_opsetid("", 13)])
+    graph = egraft.load(model)
+    shape = graph.inputs[0].type.shape
+    assert len(set(map(str, shape))) == 4 and shape[1] == 3
+    x = np.random.default_rng(0).normal(size=(2, 3, 48, 192)).astype(np.float32)
+    ours = graph.run({"x": x})["y"]
+    np.testing.assert_allclose(ours, run_onnxruntime(model, {"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_real_dim_names_still_unify_and_odd_characters_are_kept_as_one_name():
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["seq len", "n"]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["seq len", "n"])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    graph = egraft.load(model)
+    assert str(graph.inputs[0].type) == "f32[seq_len, n]" == str(graph.inputs[1].type)
+    with pytest.raises(InputError, match=r"input 'b' has shape \[4, 2\], expected \[seq_len, n\] with seq_len=3"):
+        graph.run({"a": np.zeros((3, 2), np.float32), "b": np.zeros((4, 2), np.float32)})

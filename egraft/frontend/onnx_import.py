@@ -3,15 +3,18 @@
 - Initializers and ``Constant`` nodes become constants in the side table. Old models
   (IR version 3) also list their initializers as graph inputs: those are constants too,
   not runtime inputs.
-- ``dim_param`` dims become sympy symbols of the same name; unnamed unknown dims become
-  fresh symbols ``_d0``, ``_d1``...
+- ``dim_param`` dims become sympy symbols of the same name; unnamed unknown dims and
+  placeholder names (``?``, ``-1``, ``None``: see :func:`dim_param_symbol`) become a fresh
+  symbol at each place, ``_d0``, ``_d1``...
 - Every node is typed by the op registry's inference as it is imported.
 - If/Loop/Scan bodies are imported as nested graphs that may read outer values.
 """
 
 from __future__ import annotations
 
+import keyword
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -152,8 +155,8 @@ class _Importer:
         for d in tt.shape.dim:
             if d.HasField("dim_value") and d.dim_value >= 0:
                 dims.append(int(d.dim_value))
-            elif d.HasField("dim_param") and d.dim_param:
-                dims.append(sym(d.dim_param))
+            elif d.HasField("dim_param") and (name := dim_param_symbol(d.dim_param)) is not None:
+                dims.append(sym(name))
             else:
                 dims.append(self.fresh())
         return TensorType(dtype, tuple(dims))
@@ -271,6 +274,30 @@ class _Importer:
 
 
 _ANY = TensorType(DType.FLOAT32, None)
+
+#: dim_params that exporters write for "unknown" rather than as a name shared between places.
+_PLACEHOLDER_DIMS = frozenset({"?", "-1", "none", "null", "nil", "unk", "unknown", "dynamic", "n/a", "*", "_"})
+
+
+def dim_param_symbol(text: str) -> str | None:
+    """The symbol name of a ``dim_param``, or None when it is a placeholder for "unknown".
+
+    Some exporters write ``?`` (or ``-1``, ``None``, an empty string) for every unknown
+    dim; one symbol per such name would force all of them equal. A placeholder is a fresh
+    symbol at each place; a name with a letter in it is a real name that unifies with the
+    same name elsewhere (characters a symbol cannot hold become ``_``).
+
+    Example:
+        >>> dim_param_symbol("batch"), dim_param_symbol("?"), dim_param_symbol("seq len")
+        ('batch', None, 'seq_len')
+    """
+    text = text.strip()
+    if text.lower() in _PLACEHOLDER_DIMS or not any(c.isalpha() for c in text):
+        return None
+    name = re.sub(r"\W", "_", text)
+    if name[0].isdigit() or keyword.iskeyword(name):
+        name = "_" + name
+    return name
 
 
 def _constant_value(node: onnx.NodeProto, label: str) -> np.ndarray:
