@@ -108,6 +108,41 @@ def dims_equal(a: Dim, b: Dim) -> bool:
     return sympy.expand(difference) == 0 or sympy.simplify(difference) == 0
 
 
+class UnknownComparison(ValueError):
+    """A comparison of symbolic dims that no proof decides: its value is known only at run time."""
+
+
+#: relation name -> (decide on a number, decide on the difference's sympy assumptions)
+_RELATIONS = {
+    "eq": (lambda d: d == 0, lambda d: True if d.is_zero else (False if d.is_zero is False else None)),
+    "lt": (lambda d: d < 0, lambda d: True if d.is_negative else (False if d.is_nonnegative else None)),
+    "le": (lambda d: d <= 0, lambda d: True if d.is_nonpositive else (False if d.is_positive else None)),
+    "gt": (lambda d: d > 0, lambda d: True if d.is_positive else (False if d.is_nonpositive else None)),
+    "ge": (lambda d: d >= 0, lambda d: True if d.is_nonnegative else (False if d.is_negative else None)),
+}
+
+
+def compare_dims(a: Dim, b: Dim, relation: str) -> bool | None:
+    """``a <relation> b`` for ``relation`` in eq, lt, le, gt, ge: True or False when it is
+    proved for every binding of the symbols (positive integers), None when it is not known.
+
+    Structural equality is no proof: ``floor(n/256 - 1/2) + 1`` may or may not be 1.
+
+    Example:
+        >>> n = sym("n")
+        >>> compare_dims(n + 1, 1, "gt"), compare_dims(n, 1, "eq"), compare_dims(2 * n, n, "eq")
+        (True, None, False)
+    """
+    on_number, on_symbols = _RELATIONS[relation]
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return bool(on_number(a - b))
+    difference = simplify_dim(sympy.sympify(a) - sympy.sympify(b))
+    if isinstance(difference, int) or difference.is_number:
+        return bool(on_number(difference))
+    decided = on_symbols(difference)
+    return None if decided is None else bool(decided)
+
+
 def dims_conflict(a: Dim, b: Dim) -> bool:
     """True when two dims are provably different (both known integers that differ)."""
     return isinstance(a, int) and isinstance(b, int) and a != b

@@ -17,6 +17,11 @@ from egraft.ir.types import TensorType
 
 #: Known values larger than this are not tracked (they are not shape arithmetic).
 MAX_KNOWN_ELEMENTS = 64
+#: Import-time folding of non-shape ops reads at most this many input elements.
+MAX_FOLDED_INPUT_ELEMENTS = 4096
+#: Ops whose outputs are not a function of their inputs: never evaluated at compile time.
+NEVER_FOLDED = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                          "Bernoulli", "Dropout"})
 
 
 class FreshDims:
@@ -91,18 +96,21 @@ def infer_node(graph: Graph, node: Node, fresh: Callable[[], sympy.Symbol]) -> l
 
 def _record_known_values(graph: Graph, node: Node, op: OpDef, opset: int,
                          values: Sequence[np.ndarray | None], types) -> None:
-    """Evaluate a shape-arithmetic node at compile time when its inputs are known.
+    """Evaluate a node at compile time when its inputs are known (import-time folding).
 
-    ``Shape`` and ``Size`` need only their input's type; other ``symbolic`` ops need the
-    value of every input they are given. Only small, statically shaped results are kept.
+    ``Shape`` and ``Size`` need only their input's type. ``symbolic`` ops also run on
+    object arrays of sympy dims (shape arithmetic); any other op runs when every input it
+    is given has a known numeric value of at most :data:`MAX_FOLDED_INPUT_ELEMENTS`
+    (``Not``, ``ConstantOfShape``, ``Transpose``... of constants). Ops with subgraphs or
+    random outputs never fold. Only small, statically shaped results are kept.
     """
-    if not op.symbolic or op.compute is None:
+    if op.compute is None or node.op in NEVER_FOLDED or any(isinstance(a, Graph) for a in node.attrs.values()):
         return
     if any(t is not None and (t.shape is None or not t.is_static) for t in types):
         return
     if any(t is not None and int(np.prod(t.shape)) > MAX_KNOWN_ELEMENTS for t in types):
         return
-    if node.op in ("Shape", "Size"):
+    if node.op in ("Shape", "Size") and op.symbolic:
         x_type = node.inputs[0].type
         if x_type.shape is None:
             return
@@ -110,10 +118,18 @@ def _record_known_values(graph: Graph, node: Node, op: OpDef, opset: int,
     else:
         if any(v is not None and values[i] is None for i, v in enumerate(node.inputs)):
             return
+        if not any(v is not None for v in node.inputs):
+            return
+        numeric = all(a is None or a.dtype != object for a in values)
+        if not op.symbolic and not numeric:
+            return
+        if numeric and sum(a.size for a in values if a is not None) > MAX_FOLDED_INPUT_ELEMENTS:
+            return
         args = list(values)
     try:
-        results = op.compute(RunContext(node, op, opset, symbolic=True), *args)
-    except Exception:  # not evaluable at compile time (e.g. a data-dependent branch): no known value
+        with np.errstate(all="ignore"):
+            results = op.compute(RunContext(node, op, opset, symbolic=op.symbolic), *args)
+    except Exception:  # not evaluable at compile time (an undecided comparison, a data-dependent branch)
         return
     for v, r in zip(node.outputs, results):
         if v is None or r is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from egraft.ir.dims import UnknownComparison, compare_dims
 from egraft.ir.dtypes import DType
 from egraft.ir.ops._common import broadcast_of, is_symbolic, same_as
 from egraft.ir.registry import register_op
@@ -210,19 +211,28 @@ register_op("BitwiseOr", infer=broadcast_of(), compute=lambda ctx, a, b: [np.bit
 register_op("BitwiseXor", infer=broadcast_of(), compute=lambda ctx, a, b: [np.bitwise_xor(a, b)], doc="a ^ b")
 
 
-def _compare(fn):
+def _compare(fn, relation: str):
     def compute(ctx, a, b):
         if is_symbolic(a, b):
-            return [np.vectorize(lambda x, y: bool(fn(x, y) == True), otypes=[bool])(a, b)]  # noqa: E712
+            return [np.vectorize(lambda x, y: _decided(x, y, relation), otypes=[bool])(a, b)]
         return [fn(a, b)]
 
     return compute
 
 
-for _name, _fn in [("Equal", np.equal), ("Less", np.less), ("LessOrEqual", np.less_equal),
-                   ("Greater", np.greater), ("GreaterOrEqual", np.greater_equal)]:
-    register_op(_name, infer=broadcast_of(dtype=DType.BOOL), compute=_compare(_fn), symbolic=_name == "Equal",
-                doc=f"a {_name} b, elementwise, as bool")
+def _decided(a, b, relation: str) -> bool:
+    """A comparison of (possibly symbolic) dims that holds for every binding; raises
+    :class:`UnknownComparison` when only the run time knows (the value stays unknown)."""
+    result = compare_dims(a, b, relation)
+    if result is None:
+        raise UnknownComparison(f"{a} {relation} {b} is not decided before run time")
+    return result
+
+
+for _name, _fn, _relation in [("Equal", np.equal, "eq"), ("Less", np.less, "lt"), ("LessOrEqual", np.less_equal, "le"),
+                              ("Greater", np.greater, "gt"), ("GreaterOrEqual", np.greater_equal, "ge")]:
+    register_op(_name, infer=broadcast_of(dtype=DType.BOOL), compute=_compare(_fn, _relation), symbolic=True,
+                doc=f"a {_name} b, elementwise, as bool (three-valued on symbolic dims: only a proof decides)")
 
 for _name, _fn in [("And", np.logical_and), ("Or", np.logical_or), ("Xor", np.logical_xor)]:
     register_op(_name, infer=broadcast_of(dtype=DType.BOOL), compute=lambda ctx, a, b, _f=_fn: [_f(a, b)],

@@ -1,0 +1,262 @@
+"""The compiled-code commands of the ``egraft`` CLI: ``compile``, ``bench``, ``profile``
+and ``cache``. Registered on :data:`egraft.cli.app`.
+
+Examples:
+    egraft compile resnet50 -o build/
+    egraft bench resnet50 --threads 1
+    egraft profile resnet50 -o trace.json
+    egraft cache clear
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from egraft.cli import _fail, _read_inputs, app, console, err_console, parse_bindings, resolve_model
+from egraft.errors import EgraftError
+from egraft.testing.timing import median_ms
+
+ModelArgument = Annotated[str, typer.Argument(
+    help="ONNX file, a bundled model name such as resnet50, or a plan (.json) from egraft plan.")]
+ShapeOption = Annotated[list[str] | None, typer.Option(
+    "--shape", help="Bind a symbolic dim: NAME=INT (at compile time for compile, for the inputs otherwise).")]
+RulesOption = Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule file (repeatable).")]
+RulesOffOption = Annotated[list[str] | None, typer.Option("--rules-off", help="Rule set to switch off.")]
+NoRewriteOption = Annotated[bool, typer.Option("--no-rewrite", help="Compile the model as loaded, without rules.")]
+NoCacheOption = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the compile cache.")]
+
+
+def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bool, specialize: bool = False):
+    """Compile ``model`` (a path, a bundled name or a plan) with a spinner; returns a
+    function giving the ONNX model (parsed only when asked: the cache key reads the file's
+    bytes) and the compiled model."""
+    import egraft
+    from egraft.frontend.onnx_import import read_model
+
+    if model.endswith(".json"):  # a plan: its model, extracted again with its settings
+        with err_console.status("compiling the plan: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
+            compiled = egraft.compile(model, use_cache=not no_cache)
+        return (lambda: egraft.to_onnx(compiled.graph)), compiled
+    path = resolve_model(model)
+    with err_console.status("compiling: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
+        compiled = egraft.compile(path, shape=parse_bindings(shape) if specialize else None,
+                                  rules=[str(r) for r in rules or []], rules_off=list(rules_off or []),
+                                  rewrite=not no_rewrite, use_cache=not no_cache)
+    return (lambda: read_model(path)), compiled
+
+
+def _report_table(compiled, seconds: float) -> None:
+    report = compiled.report()
+    table = Table(title="compiled")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("kernels (generated code)", str(report.kernels))
+    table.add_row("views (no data moved)", str(report.views))
+    table.add_row("on reference kernels", str(len(report.fallbacks)))
+    if report.peak_bytes is not None:
+        at = ", ".join(f"{k}={v}" for k, v in report.bindings.items())
+        ratio = report.peak_bytes / report.no_reuse_bytes if report.no_reuse_bytes else 1.0
+        table.add_row(f"arena peak{f' at {at}' if at else ''}", f"{report.peak_bytes / 2**20:.2f} MiB")
+        table.add_row("without buffer reuse",
+                      f"{report.no_reuse_bytes / 2**20:.2f} MiB (the peak is {ratio:.2f} of it)")
+    table.add_row("compile time", f"{seconds:.2f} s" + (" (from the cache)" if compiled.cache_hit else ""))
+    for stage, s in report.seconds.items():
+        table.add_row(f"  {stage}", f"{s:.2f} s")
+    console.print(table)
+    if report.fallbacks:
+        fallback = Table(title="nodes on reference kernels")
+        for col in ("node", "op", "why"):
+            fallback.add_column(col)
+        for label, op, reason in report.fallbacks:
+            fallback.add_row(label, op, reason)
+        console.print(fallback)
+
+
+@app.command("compile")
+def compile_command(
+    model: ModelArgument,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Write the build here: module.ll (LLVM IR), model.opt.onnx, report.json.")] = None,
+    shape: ShapeOption = None,
+    rules: RulesOption = None,
+    rules_off: RulesOffOption = None,
+    no_rewrite: NoRewriteOption = False,
+    no_cache: NoCacheOption = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the files in --output.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Compile a model to native code for this CPU and report what was generated: kernels,
+    ops left on reference kernels (and why), the memory plan and the time per stage.
+
+    Example: egraft compile resnet50 --shape batch=1 -o build/
+    """
+    import egraft
+
+    try:
+        if output is not None and not force:
+            existing = [output / n for n in ("module.ll", "model.opt.onnx", "report.json") if (output / n).exists()]
+            if existing:
+                raise EgraftError(f"{existing[0]} exists; pass --force to overwrite it or choose another -o folder")
+        start = time.perf_counter()
+        _, compiled = _compile(model, shape, rules, rules_off, no_rewrite, no_cache, specialize=True)
+        seconds = time.perf_counter() - start
+        report = compiled.report()
+        document = {
+            "model": model, "kernels": report.kernels, "views": report.views,
+            "fallbacks": [{"node": n, "op": o, "reason": r} for n, o, r in report.fallbacks],
+            "peak_bytes": report.peak_bytes, "no_reuse_bytes": report.no_reuse_bytes, "bindings": report.bindings,
+            "seconds": round(seconds, 4), "stages": {k: round(v, 4) for k, v in report.seconds.items()},
+            "cache_hit": compiled.cache_hit,
+        }
+        if output is not None:
+            output.mkdir(parents=True, exist_ok=True)
+            (output / "module.ll").write_text(compiled.module_text)
+            egraft.save_onnx(compiled.graph, output / "model.opt.onnx")
+            (output / "report.json").write_text(json.dumps(document, indent=1) + "\n")
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        print(json.dumps(document, indent=1))
+        return
+    _report_table(compiled, seconds)
+    if output is not None:
+        console.print(f"wrote {output}/module.ll, model.opt.onnx, report.json", markup=False)
+
+
+@app.command()
+def bench(
+    model: ModelArgument,
+    threads: Annotated[int | None, typer.Option(help="Threads for egraft and for onnxruntime (default: every "
+                                                     "core, or $EGRAFT_NUM_THREADS).")] = None,
+    repeat: Annotated[int, typer.Option(help="Timed runs (the median is reported).")] = 20,
+    warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 3,
+    shape: ShapeOption = None,
+    no_cache: NoCacheOption = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Median latency of the compiled model and of onnxruntime on the same inputs, in one run.
+
+    Example: egraft bench resnet50 --threads 1
+    """
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise _fail("bench needs onnxruntime: pip install 'egraft[dev]'") from None
+    try:
+        source, compiled = _compile(model, shape, None, None, False, no_cache)
+        proto = source()
+        feeds = _read_inputs(compiled.graph, None, parse_bindings(shape), quiet=as_json)
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    from egraft.lowering.runtime import default_threads
+
+    if threads is not None and threads < 1:
+        raise _fail(f"--threads {threads}: give 1 or more")
+    threads = threads or default_threads()
+    compiled.threads = threads
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ours = median_ms(lambda: compiled.run(feeds), repeat, warmup)
+    theirs = median_ms(lambda: session.run(None, feeds), repeat, warmup)
+    result = {"model": model, "threads": threads, "repeat": repeat, "egraft_ms": float(f"{ours:.6g}"),
+              "onnxruntime_ms": float(f"{theirs:.6g}"), "ratio": float(f"{ours / theirs:.6g}"),
+              "fallbacks": len(compiled.report().fallbacks)}
+    if as_json:
+        print(json.dumps(result, indent=1))
+        return
+    table = Table(title=f"{model}: median of {repeat} runs, egraft and onnxruntime at {threads} thread(s)")
+    for col in ("egraft ms", "onnxruntime ms", "egraft / onnxruntime", "ops on reference kernels"):
+        table.add_column(col, justify="right")
+    table.add_row(f"{ours:.3f}", f"{theirs:.3f}", f"{ours / theirs:.2f}", str(result["fallbacks"]))
+    console.print(table)
+
+
+@app.command()
+def profile(
+    model: ModelArgument,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The Chrome trace (JSON) to write.")],
+    runs: Annotated[int, typer.Option(help="Profiled runs (each one a row of the timeline).")] = 5,
+    top: Annotated[int, typer.Option(help="How many of the slowest kernels to list.")] = 10,
+    shape: ShapeOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output.")] = False,
+) -> None:
+    """Time every step of the compiled model and write a Chrome trace (opens in Perfetto or
+    chrome://tracing); print the kernels that take the most time.
+
+    Example: egraft profile resnet50 -o trace.json
+    """
+
+    try:
+        if output.exists() and not force:
+            raise EgraftError(f"{output} exists; pass --force to overwrite it or choose another -o path")
+        _, compiled = _compile(model, shape, None, None, False, False)
+        feeds = _read_inputs(compiled.graph, None, parse_bindings(shape))
+        compiled.run(feeds)  # warm up
+        timings = []
+        for _ in range(runs):
+            record: list = []
+            compiled.run(feeds, profile=record)
+            timings.append(record)
+    except EgraftError as e:
+        raise _fail(str(e)) from None
+    origin = timings[0][0].start_ns if timings and timings[0] else 0
+    events = [{"name": t.label, "cat": t.kind, "ph": "X", "pid": 1, "tid": run + 1,
+               "ts": (t.start_ns - origin) / 1e3, "dur": (t.end_ns - t.start_ns) / 1e3,
+               "args": {"op": t.op, "node": t.index, "kind": t.kind}}
+              for run, record in enumerate(timings) for t in record]
+    events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": run + 1, "args": {"name": f"run {run + 1}"}}
+               for run in range(len(timings))]
+    output.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n")
+    per_step: dict[int, list[float]] = {}
+    for record in timings:
+        for t in record:
+            per_step.setdefault(t.index, []).append((t.end_ns - t.start_ns) / 1e6)
+    labels = {t.index: (t.label, t.op, t.kind) for t in timings[0]} if timings else {}
+    total = sum(statistics.median(v) for v in per_step.values()) or 1.0
+    ranked = sorted(per_step.items(), key=lambda kv: -statistics.median(kv[1]))[:top]
+    table = Table(title=f"the {len(ranked)} slowest steps (median of {runs} runs; all steps {total:.3f} ms)")
+    for col in ("node", "op", "kind", "ms", "share"):
+        table.add_column(col, justify="right" if col in ("ms", "share") else "left")
+    for index, values in ranked:
+        label, op, kind = labels[index]
+        ms = statistics.median(values)
+        table.add_row(label, op, kind, f"{ms:.3f}", f"{ms / total:.1%}")
+    console.print(table)
+    console.print(f"wrote {output} ({len(events)} events): open it in https://ui.perfetto.dev", markup=False)
+
+
+cache_app = typer.Typer(help="The compile cache: where it is, how big, clear it.", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("show")
+def cache_show() -> None:
+    """Where the cache is and what it holds."""
+    from egraft.kernels.cpu.llvm import cache_dir
+
+    root = cache_dir()
+    files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
+    size = sum(p.stat().st_size for p in files)
+    console.print(f"{root}: {len(files)} files, {size / 2**20:.1f} MiB", markup=False)
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Delete every compiled model and object file in the cache."""
+    from egraft.compiler import clear_cache
+
+    console.print(f"removed {clear_cache()} files", markup=False)
+
+
+__all__ = ["compile_command", "bench", "profile", "cache_show", "cache_clear"]
