@@ -91,6 +91,39 @@ def test_a_data_dependent_length_flows_from_a_fallback_into_kernels():
         assert got.shape == ((x > 0).sum(),)
 
 
+def _small_cnn(batch="n") -> onnx.ModelProto:
+    """Conv + Relu + MaxPool + GlobalAveragePool + Flatten + Gemm + Softmax over a symbolic batch."""
+    rng = np.random.default_rng(7)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"], transB=1),
+             helper.make_node("Softmax", ["logits"], ["y"], axis=1)]
+    inits = [numpy_helper.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=8).astype(np.float32), "b"),
+             numpy_helper.from_array(rng.normal(size=(5, 8)).astype(np.float32), "fc"),
+             numpy_helper.from_array(rng.normal(size=5).astype(np.float32), "fb")]
+    return helper.make_model(helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_empty_batch_is_a_dim_not_an_unbound_symbol():
+    """A symbol bound to 0 (an empty batch) runs every kernel on zero rows, as onnxruntime does."""
+    model = _small_cnn()
+    compiled = egraft.compile(model, use_cache=False)
+    for batch in (0, 2, 0):
+        x = np.random.default_rng(batch).normal(size=(batch, 3, 8, 8)).astype(np.float32)
+        want = run_onnxruntime(model, {"x": x})["y"]
+        got = compiled.run({"x": x})["y"]
+        assert got.shape == want.shape == (batch, 5)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(egraft.load(model).run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_symbolic_batch_runs_every_batch_from_one_compile_and_refuses_a_wrong_shape():
     model = symbolic_batch_model()
     compiled = egraft.compile(model)

@@ -52,6 +52,8 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 #: A parallel kernel is split only when one call does at least this many flops (handing a
 #: part to a native worker costs about a microsecond; a part must be worth more).
 MIN_PARALLEL_WORK = 1_000_000
+#: The value of a symbol no input or step has bound yet (0 is a real dim: an empty batch).
+UNBOUND = -1
 
 
 def cpu_count() -> int:
@@ -231,8 +233,8 @@ class CompiledModel:
         lowered = self._lowered
         arrays, bindings = check_feeds(self.graph, feeds)
         symbols = lowered.symbols
-        dims = np.array([bindings.get(s, 0) for s in symbols], np.int64)
-        bound = {s: int(v) for s, v in zip(symbols, dims) if v}
+        dims = np.array([bindings.get(s, UNBOUND) for s in symbols], np.int64)
+        bound = {s: int(v) for s, v in zip(symbols, dims) if v != UNBOUND}  # 0 is a dim: an empty batch
         plan = self.memory_plan(bound)
         self._shapes(bound)  # computed once per binding; _shape looks them up
         arena = self._take_arena(max(plan.peak, 1))
@@ -311,7 +313,7 @@ class CompiledModel:
         """The flops of each parallel kernel at these dims (the op registry's work formulas,
         as the cost model prices them), computed once per binding: only kernels worth
         splitting are split."""
-        key = tuple(bound.get(s, 0) for s in self._lowered.symbols)
+        key = tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols)
         work = self._work_cache.get(key)
         if work is None:
             graph = self.graph
@@ -333,7 +335,7 @@ class CompiledModel:
         """What a call places before its steps run, computed once per binding:
         ``(kind, name, slot, start, stop, dtype, shape)`` for arena buffers (byte range),
         in-place aliases (``start`` is the buffer's owner) and graph outputs."""
-        key = tuple(bound.get(s, 0) for s in self._lowered.symbols)
+        key = tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols)
         placements = self._placement_cache.get(key)
         if placements is not None:
             return placements
@@ -359,7 +361,7 @@ class CompiledModel:
         return placements
 
     def _shape(self, v: Value, bound: Mapping[str, int]) -> tuple[int, ...]:
-        known = self._shape_cache.get(tuple(bound.get(s, 0) for s in self._lowered.symbols), {}).get(v.name)
+        known = self._shape_cache.get(tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols), {}).get(v.name)
         if known is not None:
             return known
         return tuple(int(evaluate_dim(d, bound)) for d in v.type.shape)
@@ -367,7 +369,7 @@ class CompiledModel:
     def _shapes(self, bound: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
         """The shape of every value whose dims the inputs bind, computed once per binding
         (sympy is slow; a call only looks them up)."""
-        key = tuple(bound.get(s, 0) for s in self._lowered.symbols)
+        key = tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols)
         shapes = self._shape_cache.get(key)
         if shapes is None:
             shapes = {}
@@ -409,7 +411,7 @@ class CompiledModel:
             if problem:
                 raise ExecutionError(problem)
             for k, s in enumerate(self._lowered.symbols):  # data-dependent dims become known here
-                if s in checker and not dims[k]:
+                if s in checker and dims[k] == UNBOUND:
                     dims[k] = checker[s]
                     bound[s] = checker[s]
             if v.name in env:
