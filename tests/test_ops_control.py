@@ -295,3 +295,49 @@ def test_scan_wrong_body_arity_is_reported():
     model = _model([node], [_vi("s0", F, [3]), _vi("x", F, [4, 3])], [_vi("s"), _vi("run"), _vi("twice")], 11)
     with pytest.raises(ShapeInferenceError, match="num_scan_inputs|inputs"):
         egraft.load(model)
+
+
+# ---- dims named inside a body ------------------------------------------------------------------
+def _check_both_backends(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    """The reference executor and the compiled model agree with onnxruntime."""
+    from conftest import run_onnxruntime
+
+    want = run_onnxruntime(model, feeds)
+    for backend, got in (("reference", egraft.load(model).run(feeds)),
+                         ("compiled", egraft.compile(model, use_cache=False).run(feeds))):
+        for name, value in want.items():
+            assert got[name].shape == value.shape, (backend, name)
+            np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-6, err_msg=f"{backend} {name}")
+
+
+def _tf2onnx_style_loop(x: str, out_final: str, out_scan: str) -> onnx.NodeProto:
+    """A Loop over 3 iterations whose body declares its carried value with its own dim name
+    (``unk__5``, as tf2onnx writes): v += 1, scan output 2 v."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["v", "one"], ["v_out"]), helper.make_node("Mul", ["v", "two"], ["w"]),
+         helper.make_node("Identity", ["c"], ["c_out"])], "body",
+        [_vi("i", I64, []), _vi("c", B, []), _vi("v", F, ["unk__5"])],
+        [_vi("c_out", B, []), _vi("v_out", F, ["unk__5"]), _vi("w", F, ["unk__6"])],
+        [helper.make_tensor("one", F, [], [1.0]), helper.make_tensor("two", F, [], [2.0])])
+    return helper.make_node("Loop", ["M", "", x], [out_final, out_scan], body=body)
+
+
+def test_a_body_local_dim_name_does_not_leak_into_the_outer_graph():
+    nodes = [_tf2onnx_style_loop("x", "v_final", "scan"), helper.make_node("Add", ["scan", "x"], ["y"]),
+             helper.make_node("Add", ["v_final", "x"], ["z"])]
+    model = _model(nodes, [_vi("x", F, ["n"])], [_vi("y"), _vi("z")], 13, [helper.make_tensor("M", I64, [], [3])])
+    graph = egraft.load(model)
+    outer = " ".join(str(v.type) for node in graph.nodes for v in node.outputs)
+    assert "unk__" not in outer, outer
+    assert str(graph.outputs[1].type) == "f32[n]"
+    for n in (4, 7):
+        _check_both_backends(model, {"x": np.arange(n, dtype=np.float32)})
+
+
+def test_two_bodies_that_use_one_dim_name_for_different_dims():
+    """Both loops call their dim ``unk__5``; outside, they are two unrelated dims."""
+    nodes = [_tf2onnx_style_loop("x", "xf", "xs"), _tf2onnx_style_loop("z", "zf", "zs"),
+             helper.make_node("Concat", ["xs", "zs"], ["y"], axis=1)]
+    model = _model(nodes, [_vi("x", F, ["n"]), _vi("z", F, ["m"])], [_vi("y")], 13,
+                   [helper.make_tensor("M", I64, [], [3])])
+    _check_both_backends(model, {"x": np.arange(4, dtype=np.float32), "z": np.arange(2, dtype=np.float32)})

@@ -139,6 +139,29 @@ class Graph:
                     seen.add(v.name)
                     yield v
 
+    def captures(self) -> list[Value]:
+        """The values of enclosing graphs that this graph (a control-flow body) reads by
+        name, its nested bodies included, in first-read order: what the body needs from
+        outside besides its inputs and constants.
+
+        Example:
+            >>> body.captures()  # doctest: +SKIP
+            [Value('x', f32[n])]
+        """
+        defined = {v.name for v in self.inputs}
+        found: dict[str, Value] = {}
+        for node in self.nodes:
+            reads = [v for v in node.inputs if v is not None and v.const is None]
+            for attr in node.attrs.values():
+                for sub in (attr if isinstance(attr, list | tuple) else [attr]):
+                    if isinstance(sub, Graph):
+                        reads.extend(sub.captures())
+            for v in reads:
+                if v.name not in defined:
+                    found.setdefault(v.name, v)
+            defined.update(v.name for v in node.outputs if v is not None)
+        return list(found.values())
+
     def producers(self) -> dict[str, Node]:
         """Value name -> the node that computes it."""
         return {v.name: n for n in self.nodes for v in n.outputs if v is not None}

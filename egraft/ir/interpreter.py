@@ -55,7 +55,10 @@ class Bindings(dict):
             if len(subs) < len(d.free_symbols):
                 free = [s for s in d.free_symbols if s.name not in self]
                 if len(free) == 1 and not strict:
-                    sol = sympy.solve(sympy.Eq(d.xreplace(subs), n), free[0])
+                    try:
+                        sol = sympy.solve(sympy.Eq(d.xreplace(subs), n), free[0])
+                    except (NotImplementedError, ValueError, TypeError):  # Max, Min, floor...: unsolvable
+                        sol = []
                     if len(sol) == 1 and sol[0].is_Integer:
                         self[free[0].name] = int(sol[0])
                 continue

@@ -69,6 +69,56 @@ def _carried_type(ctx, initial: TensorType | None, body_in: TensorType, body_out
     return TensorType(initial.dtype, tuple(dims))
 
 
+def _type_symbols(t: TensorType | None) -> set:
+    if t is None or t.shape is None:
+        return set()
+    return {s for d in t.shape if not isinstance(d, int) for s in d.free_symbols}
+
+
+def _graph_symbols(body: Graph) -> set:
+    """Every symbol in the types of ``body``'s values, nested bodies included."""
+    found: set = set()
+    for v in body.values():
+        found |= _type_symbols(v.type)
+    for node in body.nodes:
+        for attr in node.attrs.values():
+            for sub in (attr if isinstance(attr, list | tuple) else [attr]):
+                if isinstance(sub, Graph):
+                    found |= _graph_symbols(sub)
+    return found
+
+
+def _without_body_local_dims(ctx, types: list[TensorType | None], bodies: Sequence[Graph]) -> list[TensorType | None]:
+    """``types`` with the body-local symbols of ``bodies`` replaced by fresh symbols.
+
+    A body may name its own dims (tf2onnx's ``unk__1889``). Outside the node nothing binds
+    them, and two bodies may use one name for unrelated dims, so a body-local symbol in
+    the node's output types becomes a fresh symbol of this node (one per name: the outputs
+    of one run of the body agree with each other). Symbols of the node's inputs and of
+    the outer values the bodies read are not body-local.
+    """
+    outer = set()
+    for t in ctx.types:
+        outer |= _type_symbols(t)
+    local = set()
+    for body in bodies:
+        for v in body.captures():
+            outer |= _type_symbols(v.type)
+        local |= _graph_symbols(body)
+    local -= outer
+    renamed: dict = {}
+    out = []
+    for t in types:
+        if t is None or not (_type_symbols(t) & local):
+            out.append(t)
+            continue
+        for s in sorted(_type_symbols(t) & local, key=str):
+            if s not in renamed:
+                renamed[s] = ctx.fresh_dim()
+        out.append(TensorType(t.dtype, tuple(d if isinstance(d, int) else d.xreplace(renamed) for d in t.shape)))
+    return out
+
+
 def _outputs_of(ctx: RunContext, body: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     if ctx.run_subgraph is None:
         raise RuntimeError(f"{ctx.node.label}: no subgraph runner was given")
@@ -114,9 +164,10 @@ def _if_infer(ctx: InferContext) -> list[TensorType]:
     cond = ctx.value(0)
     if cond is not None and cond.dtype != object and cond.size == 1:
         chosen = then_b if bool(np.asarray(cond).reshape(-1)[0]) else else_b
-        return [v.type for v in chosen.outputs]
-    return [_merge_types(ctx, t.type, e.type, f"output {i}")
-            for i, (t, e) in enumerate(zip(then_b.outputs, else_b.outputs))]
+        return _without_body_local_dims(ctx, [v.type for v in chosen.outputs], [chosen])
+    merged = [_merge_types(ctx, t.type, e.type, f"output {i}")
+              for i, (t, e) in enumerate(zip(then_b.outputs, else_b.outputs))]
+    return _without_body_local_dims(ctx, merged, [then_b, else_b])
 
 
 def _if(ctx: RunContext, cond: np.ndarray) -> list[np.ndarray]:
@@ -160,7 +211,7 @@ def _loop_infer(ctx: InferContext) -> list[TensorType]:
     if m is not None and m.dtype != object and not ctx.has_input(1):
         trips = max(int(np.asarray(m).reshape(-1)[0]), 0)  # a for loop: exactly M iterations
     scans = [TensorType(v.type.dtype, _insert_dim(v.type.shape, 0, trips)) for v in body.outputs[1 + n:]]
-    return carried + scans
+    return _without_body_local_dims(ctx, carried + scans, [body])
 
 
 def _loop(ctx: RunContext, m=None, cond=None, *initial) -> list[np.ndarray]:
@@ -253,7 +304,7 @@ def _scan_infer(ctx: InferContext) -> list[TensorType]:
         if shape is not None:
             shape = _insert_dim(shape, normalize_axis(out_axes[j], len(shape) + 1, ctx), seq)
         scans.append(TensorType(v.type.dtype, shape))
-    return states + scans
+    return _without_body_local_dims(ctx, states + scans, [body])
 
 
 def _scan8_infer(ctx: InferContext, body: Graph, n: int, m: int, k: int) -> list[TensorType]:
@@ -274,7 +325,7 @@ def _scan8_infer(ctx: InferContext, body: Graph, n: int, m: int, k: int) -> list
         states.append(TensorType(state.dtype, _insert_dim(state.shape, 0, batch)))
     scans = [TensorType(v.type.dtype, _insert_dim(_insert_dim(v.type.shape, 0, seq), 0, batch))
              for v in body.outputs[n:]]
-    return states + scans
+    return _without_body_local_dims(ctx, states + scans, [body])
 
 
 def _scan_steps(ctx: RunContext, body: Graph, states: list[np.ndarray], xs: list[np.ndarray],
