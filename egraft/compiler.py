@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
-from egraft.errors import EgraftError
+from egraft.errors import EgraftError, InputError
 from egraft.ir.graph import Graph
 
 TARGETS = ("cpu",)
@@ -64,6 +64,31 @@ def _model_digest(model) -> tuple[str, Graph | None]:
             return hashlib.file_digest(f, "sha256").hexdigest(), None
     except OSError as e:
         raise EgraftError(f"{path}: cannot read the model: {e.strerror}") from None
+
+
+def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, option: str = "shape") -> str | None:
+    """The error for bound names that are none of ``graph``'s symbolic dims (binding them
+    would do nothing), or ``None`` when every name is one. ``where`` names the model,
+    ``option`` how the user wrote the binding (``shape`` for the API, ``--shape`` for the CLI).
+
+    Example: ``--shape nosuchdim=3: model.onnx has no symbolic dim 'nosuchdim'; its
+    symbolic dims: batch``
+    """
+    from egraft.ir.dims import dim_symbols
+
+    declared = graph.symbols()
+    known = set(declared)
+    for node in graph.nodes:  # dims that only inner values have (data-dependent ones) bind too
+        for v in node.outputs:
+            if v is not None and v.type.shape is not None:
+                known |= dim_symbols(v.type.shape)
+    unknown = [name for name in bindings if name not in known]
+    if not unknown:
+        return None
+    name = unknown[0]
+    listed = f"its symbolic dims: {', '.join(declared)}" if declared else "it has none (all its dims are static)"
+    binding = f"--shape {name}={bindings[name]}" if option == "--shape" else f"{option}={{{name!r}: {bindings[name]}}}"
+    return f"{binding}: {where} has no symbolic dim {name!r}; {listed}"
 
 
 def _write_entry(entry: Path, lowered) -> None:
@@ -232,6 +257,9 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
         t = time.perf_counter()
         graph = egraft.load(model if not isinstance(model, str) else Path(model))
         seconds["load"] = time.perf_counter() - t
+    problem = unknown_dims_message(bindings, graph, str(model) if isinstance(model, str | Path) else "the model")
+    if problem:
+        raise InputError(problem)
     if rewrite:
         from egraft.optimize import optimize
 

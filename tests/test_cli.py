@@ -113,3 +113,118 @@ def test_conformance_json_on_a_filter():
     summary = json.loads(result.output)
     assert summary["full"]["total"] >= 1
     assert summary["per_op"]["Relu"]["pass"] == summary["per_op"]["Relu"]["total"]
+
+
+# ---- bad input, as a new user meets it (issue 13) ----------------------------------------------
+def _one_error_line(result, message: str, code: int = 2) -> None:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output, result.output
+    assert message in result.output, result.output
+
+
+def test_error_lines_keep_bracketed_text(tmp_path):
+    path = _save(symbolic_batch_model(), tmp_path / "mlp.onnx")
+    np.save(tmp_path / "wrong.npy", np.zeros((2, 6), np.float32))
+    result = runner.invoke(app, ["run", path, "--input", f"x={tmp_path / 'wrong.npy'}"])
+    _one_error_line(result, "expected rank 3 ([batch, 2, 3])")
+
+
+def test_rules_list_keeps_bracketed_rule_text(tmp_path):
+    rules = tmp_path / "mine.rules"
+    rules.write_text("# Mine: one rule.\nruleset mine\n\n# Relu([x]) -> [x] twice\n"
+                     "rule relu_twice_bracket:\n    Relu(Relu(x)) => Relu(x)\n")
+    result = runner.invoke(app, ["rules", "list", str(rules)])
+    assert result.exit_code == 0, result.output
+    assert "Relu([x]) -> [x] twice" in result.output
+
+
+def test_show_table_keeps_a_bracketed_model_name(tmp_path):
+    model = symbolic_batch_model()
+    model.graph.name = "mlp[v2]"
+    result = runner.invoke(app, ["show", _save(model, tmp_path / "mlp.onnx"), "--no-text"])
+    assert result.exit_code == 0, result.output
+    assert "mlp[v2]: 9 nodes" in result.output
+
+
+def test_shape_of_an_unknown_dim_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    path = _save(symbolic_batch_model(), tmp_path / "mlp.onnx")
+    message = f"--shape nosuchdim=3: {path} has no symbolic dim 'nosuchdim'; its symbolic dims: batch"
+    for command in (["run"], ["run", "--backend", "reference"], ["compile"], ["bench", "--repeat", "1"],
+                    ["profile", "-o", str(tmp_path / "t.json")], ["optimize"], ["plan"]):
+        result = runner.invoke(app, [command[0], path, "--shape", "nosuchdim=3", *command[1:]])
+        _one_error_line(result, message)
+    assert not (tmp_path / "cache").exists()  # refused before anything was compiled
+
+
+def test_wrong_inputs_are_refused_before_compiling(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    path = _save(symbolic_batch_model(), tmp_path / "mlp.onnx")
+    np.save(tmp_path / "f64.npy", np.zeros((8, 2, 3), np.float64))
+    np.save(tmp_path / "fixed.npy", np.zeros((8, 2, 5), np.float32))
+    cases = [
+        (["run", path, "--input", f"x={tmp_path / 'f64.npy'}"],
+         "input 'x' has dtype float64, expected float32 (f32[batch, 2, 3])"),
+        (["run", path, "--input", f"x={tmp_path / 'fixed.npy'}"], "input 'x'"),
+        (["run", path, "--input", "q=foo.npy"], "the model has no input 'q'"),
+        (["bench", path], "unbound dims ['batch']"),
+        (["profile", path, "-o", str(tmp_path / "t.json")], "unbound dims ['batch']"),
+    ]
+    for args, message in cases:
+        _one_error_line(runner.invoke(app, args), message)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_run_check_fails_on_nan_outputs(tmp_path, monkeypatch):
+    from egraft.lowering.runtime import CompiledModel
+
+    run = CompiledModel.run
+
+    def nan_run(self, feeds, profile=None):
+        outputs = run(self, feeds, profile)
+        outputs["y"][0, 0] = np.nan
+        return outputs
+
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(CompiledModel, "run", nan_run)
+    path = _save(symbolic_batch_model(), tmp_path / "mlp.onnx")
+    result = runner.invoke(app, ["run", path, "--shape", "batch=2", "--check"])
+    _one_error_line(result, "output 'y': 1 NaN/Inf values where onnxruntime's differ", code=1)
+    assert "outputs differ from onnxruntime (non-finite values)" in result.output
+
+
+def test_output_paths_missing_folders_existing_files_and_wrong_kinds(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    path = _save(symbolic_batch_model(), tmp_path / "mlp.onnx")
+    folder, file = tmp_path / "a_folder", tmp_path / "a_file.txt"
+    folder.mkdir()
+    file.write_text("keep me")
+    refused = [
+        (["optimize", path, "-o", str(folder), "--force"], f"{folder} is a folder; give a file path"),
+        (["optimize", path, "-o", str(file)], f"{file} exists; pass --force"),
+        (["optimize", path, "--plan", str(file / "p.json")], f"{file} is a file, not a folder"),
+        (["plan", path, "-o", str(folder), "--force"], f"{folder} is a folder; give a file path"),
+        (["compile", path, "-o", str(file), "--force"], f"{file} is a file; give a folder"),
+        (["profile", path, "--shape", "batch=1", "-o", str(folder), "--force"], f"{folder} is a folder"),
+        (["run", path, "--shape", "batch=1", "-o", str(file)], f"{file} is a file; give a folder"),
+    ]
+    for args, message in refused:
+        _one_error_line(runner.invoke(app, args), message)
+    assert file.read_text() == "keep me"
+    written = [
+        (["optimize", path, "-o", str(tmp_path / "new" / "deeper" / "m.onnx")], tmp_path / "new/deeper/m.onnx"),
+        (["plan", path, "-o", str(tmp_path / "plans" / "p.json")], tmp_path / "plans/p.json"),
+        (["compile", path, "-o", str(tmp_path / "build" / "b")], tmp_path / "build/b/report.json"),
+        (["profile", path, "--shape", "batch=1", "--runs", "1", "-o", str(tmp_path / "traces" / "t.json")],
+         tmp_path / "traces/t.json"),
+        (["run", path, "--shape", "batch=1", "-o", str(tmp_path / "outs" / "o")], tmp_path / "outs/o/y.npy"),
+    ]
+    for args, target in written:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert target.is_file(), args
+    result = runner.invoke(app, ["compile", path, "-o", str(tmp_path / "build" / "b")])
+    _one_error_line(result, "module.ll exists; pass --force")
+    result = runner.invoke(app, ["run", path, "--shape", "batch=1", "-o", str(tmp_path / "outs" / "o")])
+    _one_error_line(result, "y.npy exists; pass --force")
+    assert runner.invoke(app, ["compile", path, "-o", str(tmp_path / "build" / "b"), "--force"]).exit_code == 0

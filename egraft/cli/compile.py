@@ -1,11 +1,14 @@
-"""The compiled-code commands of the ``egraft`` CLI: ``compile``, ``bench``, ``profile``
-and ``cache``. Registered on :data:`egraft.cli.app`.
+"""The compiled-code commands of the ``egraft`` CLI: ``compile``, ``bench`` and ``profile``.
+
+Output paths: ``compile -o DIR`` writes three files into a folder, ``profile -o FILE`` one
+file; missing parent folders are created, existing files are refused unless ``--force``
+is given, and a path of the wrong kind (a file for ``compile -o``, a folder for
+``profile -o``) is refused even with it.
 
 Examples:
     egraft compile resnet50 -o build/
     egraft bench resnet50 --threads 1
     egraft profile resnet50 -o trace.json
-    egraft cache clear
 """
 
 from __future__ import annotations
@@ -19,7 +22,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from egraft.cli import _fail, _read_inputs, app, console, err_console, parse_bindings, resolve_model
+from egraft.cli.common import (
+    check_bindings,
+    console,
+    err_console,
+    fail,
+    load_model,
+    parse_bindings,
+    prepare_output,
+    read_inputs,
+    refuse_overwrite,
+    resolve_model,
+    write_output,
+)
 from egraft.errors import EgraftError
 from egraft.testing.timing import median_ms
 
@@ -45,11 +60,25 @@ def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bo
             compiled = egraft.compile(model, use_cache=not no_cache)
         return (lambda: egraft.to_onnx(compiled.graph)), compiled
     path = resolve_model(model)
+    if specialize and shape:
+        check_bindings(parse_bindings(shape), load_model(model), model)  # before the compile, not after it
     with err_console.status("compiling: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
         compiled = egraft.compile(path, shape=parse_bindings(shape) if specialize else None,
                                   rules=[str(r) for r in rules or []], rules_off=list(rules_off or []),
                                   rewrite=not no_rewrite, use_cache=not no_cache)
     return (lambda: read_model(path)), compiled
+
+
+def _inputs_first(model: str, shape, quiet: bool = False):
+    """The generated inputs of ``model`` at ``--shape``, made (and ``--shape`` checked)
+    before anything is compiled; ``None`` for a plan, whose model is known only once it is
+    compiled."""
+    if model.endswith(".json"):
+        return None
+    graph = load_model(model)
+    bindings = parse_bindings(shape)
+    check_bindings(bindings, graph, model)
+    return read_inputs(graph, None, bindings, quiet=quiet)
 
 
 def _report_table(compiled, seconds: float) -> None:
@@ -79,7 +108,6 @@ def _report_table(compiled, seconds: float) -> None:
         console.print(fallback)
 
 
-@app.command("compile")
 def compile_command(
     model: ModelArgument,
     output: Annotated[Path | None, typer.Option(
@@ -100,10 +128,10 @@ def compile_command(
     import egraft
 
     try:
-        if output is not None and not force:
-            existing = [output / n for n in ("module.ll", "model.opt.onnx", "report.json") if (output / n).exists()]
-            if existing:
-                raise EgraftError(f"{existing[0]} exists; pass --force to overwrite it or choose another -o folder")
+        if output is not None:
+            refuse_overwrite(output, force, kind="folder")
+            for name in ("module.ll", "model.opt.onnx", "report.json"):
+                refuse_overwrite(output / name, force)
         start = time.perf_counter()
         _, compiled = _compile(model, shape, rules, rules_off, no_rewrite, no_cache, specialize=True)
         seconds = time.perf_counter() - start
@@ -116,21 +144,22 @@ def compile_command(
             "cache_hit": compiled.cache_hit,
         }
         if output is not None:
-            output.mkdir(parents=True, exist_ok=True)
-            (output / "module.ll").write_text(compiled.module_text)
-            egraft.save_onnx(compiled.graph, output / "model.opt.onnx")
-            (output / "report.json").write_text(json.dumps(document, indent=1) + "\n")
+            try:
+                prepare_output(output / "module.ll").write_text(compiled.module_text)
+                egraft.save_onnx(compiled.graph, output / "model.opt.onnx")
+                (output / "report.json").write_text(json.dumps(document, indent=1) + "\n")
+            except OSError as e:
+                raise EgraftError(f"{output}: cannot write the build: {e.strerror}") from None
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if as_json:
         print(json.dumps(document, indent=1))
         return
     _report_table(compiled, seconds)
     if output is not None:
-        console.print(f"wrote {output}/module.ll, model.opt.onnx, report.json", markup=False)
+        console.print(f"wrote {output}/module.ll, model.opt.onnx, report.json")
 
 
-@app.command()
 def bench(
     model: ModelArgument,
     threads: Annotated[int | None, typer.Option(help="Threads for egraft and for onnxruntime (default: every "
@@ -149,17 +178,19 @@ def bench(
     try:
         import onnxruntime as ort
     except ImportError:
-        raise _fail("bench needs onnxruntime: pip install 'egraft[dev]'") from None
+        raise fail("bench needs onnxruntime: pip install 'egraft[dev]'") from None
     try:
+        feeds = _inputs_first(model, shape, quiet=as_json)
         source, compiled = _compile(model, shape, None, None, False, no_cache)
         proto = source()
-        feeds = _read_inputs(compiled.graph, None, parse_bindings(shape), quiet=as_json)
+        if feeds is None:
+            feeds = read_inputs(compiled.graph, None, parse_bindings(shape), quiet=as_json)
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     from egraft.lowering.runtime import default_threads
 
     if threads is not None and threads < 1:
-        raise _fail(f"--threads {threads}: give 1 or more")
+        raise fail(f"--threads {threads}: give 1 or more")
     threads = threads or default_threads()
     compiled.threads = threads
     options = ort.SessionOptions()
@@ -182,7 +213,6 @@ def bench(
     console.print(table)
 
 
-@app.command()
 def profile(
     model: ModelArgument,
     output: Annotated[Path, typer.Option("--output", "-o", help="The Chrome trace (JSON) to write.")],
@@ -198,10 +228,11 @@ def profile(
     """
 
     try:
-        if output.exists() and not force:
-            raise EgraftError(f"{output} exists; pass --force to overwrite it or choose another -o path")
+        refuse_overwrite(output, force)
+        feeds = _inputs_first(model, shape)
         _, compiled = _compile(model, shape, None, None, False, False)
-        feeds = _read_inputs(compiled.graph, None, parse_bindings(shape))
+        if feeds is None:
+            feeds = read_inputs(compiled.graph, None, parse_bindings(shape))
         compiled.run(feeds)  # warm up
         timings = []
         for _ in range(runs):
@@ -209,7 +240,7 @@ def profile(
             compiled.run(feeds, profile=record)
             timings.append(record)
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     origin = timings[0][0].start_ns if timings and timings[0] else 0
     events = [{"name": t.label, "cat": t.kind, "ph": "X", "pid": 1, "tid": run + 1,
                "ts": (t.start_ns - origin) / 1e3, "dur": (t.end_ns - t.start_ns) / 1e3,
@@ -217,7 +248,10 @@ def profile(
               for run, record in enumerate(timings) for t in record]
     events += [{"name": "thread_name", "ph": "M", "pid": 1, "tid": run + 1, "args": {"name": f"run {run + 1}"}}
                for run in range(len(timings))]
-    output.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n")
+    try:
+        write_output(output, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}) + "\n")
+    except EgraftError as e:
+        raise fail(str(e)) from None
     per_step: dict[int, list[float]] = {}
     for record in timings:
         for t in record:
@@ -233,30 +267,7 @@ def profile(
         ms = statistics.median(values)
         table.add_row(label, op, kind, f"{ms:.3f}", f"{ms / total:.1%}")
     console.print(table)
-    console.print(f"wrote {output} ({len(events)} events): open it in https://ui.perfetto.dev", markup=False)
+    console.print(f"wrote {output} ({len(events)} events): open it in https://ui.perfetto.dev")
 
 
-cache_app = typer.Typer(help="The compile cache: where it is, how big, clear it.", no_args_is_help=True)
-app.add_typer(cache_app, name="cache")
-
-
-@cache_app.command("show")
-def cache_show() -> None:
-    """Where the cache is and what it holds."""
-    from egraft.kernels.cpu.llvm import cache_dir
-
-    root = cache_dir()
-    files = [p for p in root.rglob("*") if p.is_file()] if root.is_dir() else []
-    size = sum(p.stat().st_size for p in files)
-    console.print(f"{root}: {len(files)} files, {size / 2**20:.1f} MiB", markup=False)
-
-
-@cache_app.command("clear")
-def cache_clear() -> None:
-    """Delete every compiled model and object file in the cache."""
-    from egraft.compiler import clear_cache
-
-    console.print(f"removed {clear_cache()} files", markup=False)
-
-
-__all__ = ["compile_command", "bench", "profile", "cache_show", "cache_clear"]
+__all__ = ["compile_command", "bench", "profile"]

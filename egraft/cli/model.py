@@ -29,6 +29,7 @@ from egraft.cli.common import (
     load_model,
     parse_bindings,
     read_inputs,
+    refuse_overwrite,
     resolve_model,
 )
 from egraft.errors import EgraftError, InputError
@@ -150,6 +151,7 @@ def run(
                           "executor on the model as loaded.")] = "cpu",
     threads: Annotated[int | None, typer.Option(
         "--threads", help="Threads the compiled model may use (default: every core, or $EGRAFT_NUM_THREADS).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite NAME.npy files in --output-dir.")] = False,
 ) -> None:
     """Run a model, compiled for this CPU (or with the reference executor); inputs not
     given are generated (arange(n)/n).
@@ -174,7 +176,9 @@ def run(
         if backend not in ("cpu", "reference"):
             raise InputError(f"--backend {backend}: unknown backend; known: cpu, reference")
         graph = egraft.load(proto)
-        feeds = read_inputs(graph, input, bindings)
+        check_bindings(bindings, graph, model)
+        targets = _output_files(graph, output_dir, force)
+        feeds = read_inputs(graph, input, bindings)  # checked before anything is compiled
         if backend == "reference":
             outputs = graph.run(feeds)
         else:
@@ -195,13 +199,27 @@ def run(
         table.add_row(name, f"{value.dtype}{list(value.shape)}", *stats)
     console.print(table)
     if output_dir is not None:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        for name, value in outputs.items():
-            target = output_dir / (name.replace("/", "_") + ".npy")
-            np.save(target, value)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            for name, value in outputs.items():
+                np.save(targets[name], value)
+        except OSError as e:
+            raise fail(f"{output_dir}: cannot write the outputs: {e.strerror}") from None
         console.print(f"saved {len(outputs)} outputs to {output_dir}")
     if check:
         _check_with_onnxruntime(proto, feeds, outputs)
+
+
+def _output_files(graph, output_dir: Path | None, force: bool) -> dict[str, Path]:
+    """The NAME.npy file of each output in ``output_dir``, checked before the run: the folder
+    must be one (or missing: it is created), and existing files need ``--force``."""
+    if output_dir is None:
+        return {}
+    refuse_overwrite(output_dir, force, kind="folder")
+    targets = {v.name: output_dir / (v.name.replace("/", "_") + ".npy") for v in graph.outputs}
+    for target in targets.values():
+        refuse_overwrite(target, force)
+    return targets
 
 
 def _check_with_onnxruntime(model, feeds: dict, outputs: dict) -> None:
@@ -218,21 +236,33 @@ def _check_with_onnxruntime(model, feeds: dict, outputs: dict) -> None:
     for col in ("output", "max abs error", "max rel error", "scale-relative", "ok (<= 1e-3)"):
         table.add_column(col, justify="left" if col == "output" else "right")
     worst = 0.0
+    nonfinite: list[str] = []
     for name, ref in reference.items():
         ours = outputs[name].astype(np.float64)
         ref = ref.astype(np.float64)
         if ours.shape != ref.shape:
             raise fail(f"output {name!r}: egraft shape {list(ours.shape)}, onnxruntime {list(ref.shape)}")
-        diff = np.abs(ours - ref)
+        # NaN/Inf compare false with everything: count the places where egraft's and
+        # onnxruntime's non-finite values disagree, and measure the error on the rest.
+        same = (np.isnan(ours) & np.isnan(ref)) | (np.isinf(ours) & (ours == ref))
+        finite = np.isfinite(ours) & np.isfinite(ref)
+        wrong = int((~same & ~finite).sum())
+        diff = np.abs(ours - ref)[finite]
         abs_err = float(diff.max()) if diff.size else 0.0
-        rel_err = float((diff / np.maximum(np.abs(ref), 1e-12)).max()) if diff.size else 0.0
-        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        rel_err = float((diff / np.maximum(np.abs(ref[finite]), 1e-12)).max()) if diff.size else 0.0
+        scale = float(np.abs(ref[finite]).max()) if diff.size else 0.0
         scaled = abs_err / scale if scale else abs_err
         worst = max(worst, scaled)
-        table.add_row(name, f"{abs_err:.3g}", f"{rel_err:.3g}", f"{scaled:.3g}", "yes" if scaled <= 1e-3 else "NO")
+        if wrong:
+            nonfinite.append(f"output {name!r}: {wrong} NaN/Inf values where onnxruntime's differ")
+        ok = scaled <= 1e-3 and not wrong
+        table.add_row(name, f"{abs_err:.3g}", f"{rel_err:.3g}", f"{scaled:.3g}", "yes" if ok else "NO")
     console.print(table)
-    if worst > 1e-3:
-        err_console.print(f"outputs differ from onnxruntime (scale-relative error {worst:.3g} > 1e-3)")
+    for line in nonfinite:
+        err_console.print(line)
+    if worst > 1e-3 or nonfinite:
+        reason = f"scale-relative error {worst:.3g} > 1e-3" if worst > 1e-3 else "non-finite values"
+        err_console.print(f"outputs differ from onnxruntime ({reason})")
         raise typer.Exit(code=1)
 
 

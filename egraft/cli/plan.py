@@ -1,7 +1,11 @@
-"""The plan commands of the ``egraft`` CLI: ``plan``, ``diff``, ``explain``, ``calibrate``
-(and the plan form of ``show``). Registered on :data:`egraft.cli.app`.
+"""The optimization and plan commands of the ``egraft`` CLI: ``optimize``, ``plan``,
+``diff``, ``explain``, ``calibrate`` (and the plan form of ``show``).
+
+Output files (``-o``, ``--plan``) are refused when they exist unless ``--force`` is given,
+refused even with it when the path is a folder; missing parent folders are created.
 
 Examples:
+    egraft optimize resnet50 -o resnet50.opt.onnx
     egraft plan resnet50 -o resnet50.plan.json --cost-model roofline --extractor ilp
     egraft diff full.plan.json nofusion.plan.json
     egraft explain resnet50.plan.json n3
@@ -17,7 +21,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from egraft.cli import _fail, _load, app, console, err_console, parse_bindings
+from egraft.cli.common import (
+    check_bindings,
+    console,
+    err_console,
+    fail,
+    load_model,
+    parse_bindings,
+    prepare_output,
+    refuse_overwrite,
+    write_output,
+)
 from egraft.errors import EgraftError
 
 CostModelOption = Annotated[str, typer.Option("--cost-model", help="nodes, flops or roofline.")]
@@ -40,7 +54,8 @@ def run_pipeline(model: str, rules, rules_off, shape, iterations: int, max_nodes
         raise EgraftError(f"--extractor {extractor}: unknown extractor; known: {', '.join(EXTRACTORS)}")
     bindings = parse_bindings(shape)
     model_cost = make_cost_model(cost_model, profile, target, bindings)
-    graph = _load(model)
+    graph = load_model(model)
+    check_bindings(bindings, graph, model)
     budget = Budget(iterations=iterations, max_nodes=max_nodes, seconds=timeout)
     with err_console.status("saturating", spinner="dots") as status:
         def progress(iteration: int, enodes: int) -> None:
@@ -50,12 +65,89 @@ def run_pipeline(model: str, rules, rules_off, shape, iterations: int, max_nodes
     return result
 
 
-def _refuse_overwrite(path: Path | None, force: bool) -> None:
-    if path is not None and path.exists() and not force:
-        raise EgraftError(f"{path} exists; pass --force to overwrite it or choose another -o path")
+def optimize(
+    model: Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")],
+    rules: Annotated[list[Path] | None, typer.Option("--rules", help="Extra rule file (repeatable).")] = None,
+    rules_off: Annotated[list[str] | None, typer.Option("--rules-off", help="Rule set to switch off.")] = None,
+    shape: Annotated[list[str] | None, typer.Option("--shape", help="Bind a symbolic dim: NAME=INT.")] = None,
+    iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
+    max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
+    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 30.0,
+    cost_model: Annotated[str, typer.Option("--cost-model", help="nodes, flops or roofline.")] = "roofline",
+    target: Annotated[str, typer.Option("--target", help="cpu or cuda: picks the roofline profile.")] = "cpu",
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="Roofline profile: a name (cpu-host, cuda-h200) or a .toml file.")] = None,
+    extractor: Annotated[str, typer.Option("--extractor", help="greedy (fast) or ilp (exact, HiGHS).")] = "greedy",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the ilp extractor may take.")] = 30.0,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Write the optimized model here (egraft-only ops as ONNX local functions).")] = None,
+    plan_path: Annotated[Path | None, typer.Option("--plan", help="Also write the plan (JSON) here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --output / --plan if they exist.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Rewrite a model with the rule library and extract the cheapest equivalent program
+    under a cost model; write it as an ONNX model that onnxruntime runs.
+
+    Example: egraft optimize resnet50 -o resnet50.opt.onnx --extractor ilp
+    """
+    try:
+        for path in (output, plan_path):
+            refuse_overwrite(path, force)
+        result = run_pipeline(model, rules, rules_off, shape, iterations, max_nodes, timeout, cost_model, target,
+                              profile, extractor, time_limit)
+        if output is not None:
+            import egraft
+
+            try:
+                egraft.save_onnx(result.graph, prepare_output(output))
+            except OSError as e:
+                raise EgraftError(f"{output}: cannot write it: {e.strerror}") from None
+        if plan_path is not None:
+            from egraft.extract.plan import build_plan, plan_json
+
+            write_output(plan_path, plan_json(build_plan(result, model_label=model)))
+    except EgraftError as e:
+        raise fail(str(e)) from None
+    report = result.saturation
+    summary = {
+        "nodes_before": len(result.source.nodes),
+        "nodes_after": len(result.graph.nodes),
+        "ops": {op: [b, a] for op, b, a in result.histogram_rows()},
+        "egraph": {"iterations": report.iterations, "stop_reason": report.stop_reason,
+                   "enodes": report.nodes_after, "eclasses": report.classes_after},
+        "seconds": {k: round(v, 4) for k, v in result.seconds.items()},
+        "rulesets": result.rulesets,
+        "cost": {"model": result.cost_model.name, "total": result.extraction.cost, "unit": result.cost_model.unit,
+                 "extractor": result.extraction.extractor, "status": result.extraction.status},
+        "rules": {k: {"applied": v.applied, "matches": v.matches, "seconds": round(v.seconds, 4)}
+                  for k, v in sorted(report.rules.items())},
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"{len(result.source.nodes)} nodes -> {len(result.graph.nodes)} nodes")
+    for col in ("op", "before", "after"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op, before, after in result.histogram_rows():
+        table.add_row(op, str(before), str(after))
+    console.print(table)
+    console.print(f"e-graph: {report.nodes_after} e-nodes in {report.classes_after} e-classes after "
+                  f"{report.iterations} iterations ({report.stop_reason}); rule sets: {', '.join(result.rulesets)}")
+    ex = result.extraction
+    console.print(f"estimated cost: {ex.cost:.6g} {result.cost_model.unit} ({result.cost_model.name}; "
+                  f"{ex.extractor}: {ex.status})")
+    console.print("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in result.seconds.items()))
+    top = Table(title="top rules")
+    for col in ("rule", "applied", "matches", "seconds"):
+        top.add_column(col, justify="left" if col == "rule" else "right")
+    for name, stats in report.top_rules(10):
+        top.add_row(name, str(stats.applied), str(stats.matches), f"{stats.seconds:.3f}")
+    console.print(top)
+    for path in (output, plan_path):
+        if path is not None:
+            console.print(f"wrote {path}")
 
 
-@app.command()
 def plan(
     model: Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the plan (JSON) here.")] = None,
@@ -85,21 +177,21 @@ def plan(
     from egraft.extract.plan import build_plan, plan_json
 
     try:
-        _refuse_overwrite(output, force)
+        refuse_overwrite(output, force)
         result = run_pipeline(model, rules, rules_off, shape, iterations, max_nodes, timeout, cost_model, target,
                               profile, extractor, time_limit)
         document = build_plan(result, model_label=model)
         text = plan_json(document, timings=not reproducible)
         if output is not None:
-            output.write_text(text)
+            write_output(output, text)
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if as_json:
         print(text, end="")
         return
     _print_plan_summary(document)
     if output is not None:
-        console.print(f"wrote {output}", markup=False)
+        console.print(f"wrote {output}")
 
 
 def _print_plan_summary(document: dict) -> None:
@@ -108,12 +200,11 @@ def _print_plan_summary(document: dict) -> None:
     gap = f", gap {ex['gap']:.2%}" if ex.get("gap") else ""
     console.print(f"{document['model']['name']}: {document['model']['nodes']} nodes -> "
                   f"{len(document['graph']['nodes'])} nodes; estimated cost {cost['total']} {cost['unit']} "
-                  f"({document['settings']['cost_model']['name']}, {ex['extractor']}: {ex['status']}{gap})",
-                  markup=False)
+                  f"({document['settings']['cost_model']['name']}, {ex['extractor']}: {ex['status']}{gap})")
     console.print(f"e-graph: {eg['enodes']} e-nodes in {eg['eclasses']} e-classes after {eg['iterations']} rounds "
-                  f"({eg['stop_reason']})", markup=False)
+                  f"({eg['stop_reason']})")
     if "timings" in document:
-        console.print("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in document["timings"].items()), markup=False)
+        console.print("time: " + ", ".join(f"{k} {v:.2f}s" for k, v in document["timings"].items()))
     table = Table(title="chosen ops")
     table.add_column("op")
     table.add_column("count", justify="right")
@@ -122,7 +213,6 @@ def _print_plan_summary(document: dict) -> None:
     console.print(table)
 
 
-@app.command()
 def diff(
     plan_a: Annotated[Path, typer.Argument(help="The first plan (JSON).")],
     plan_b: Annotated[Path, typer.Argument(help="The second plan (JSON).")],
@@ -140,7 +230,7 @@ def diff(
     try:
         a, b = load_plan(plan_a), load_plan(plan_b)
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     d = diff_plans(a, b, top)
     if as_json:
         print(json.dumps(d, indent=1))
@@ -170,9 +260,9 @@ def diff(
         nodes = d[side]
         if nodes:
             listed = ", ".join(f"{n['id']} {n['op']}" for n in nodes[:12]) + (" ..." if len(nodes) > 12 else "")
-            console.print(f"only in {name} ({len(nodes)}): {listed}", markup=False)
-    console.print(f"rules used only in {name_a}: {', '.join(d['rules_only_a']) or '-'}", markup=False)
-    console.print(f"rules used only in {name_b}: {', '.join(d['rules_only_b']) or '-'}", markup=False)
+            console.print(f"only in {name} ({len(nodes)}): {listed}")
+    console.print(f"rules used only in {name_a}: {', '.join(d['rules_only_a']) or '-'}")
+    console.print(f"rules used only in {name_b}: {', '.join(d['rules_only_b']) or '-'}")
     top_table = Table(title=f"the {len(d['top_differences'])} regions whose cost differs most")
     for col in ("source nodes", name_a, name_b, "cost a", "cost b", "b - a"):
         top_table.add_column(col, justify="right" if col.startswith(("cost", "b -")) else "left")
@@ -183,7 +273,6 @@ def diff(
     console.print(top_table)
 
 
-@app.command()
 def explain(
     plan_file: Annotated[Path, typer.Argument(metavar="PLAN", help="A plan (JSON).")],
     node: Annotated[str, typer.Argument(help="A node id (n3), an output name, or source:INDEX.")],
@@ -201,25 +290,23 @@ def explain(
         document = load_plan(plan_file)
         found = find_node(document, node)
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     info = explain_node(document, found)
     if as_json:
         print(json.dumps(info, indent=1))
         return
     unit = info["unit"]
     outputs = ", ".join(f"{o['name']}: {o['type']}" for o in info["outputs"])
-    console.print(f"{info['id']} = {info['op']} -> {outputs}", markup=False)
+    console.print(f"{info['id']} = {info['op']} -> {outputs}")
     work = info.get("work") or {}
     console.print(f"cost {info['cost']} {unit} (this node), {info['subtree_cost']} {unit} with what it needs; "
-                  f"{work.get('flops', 0):.4g} flop, {work.get('bytes', 0):.4g} bytes, family {work.get('family')}",
-                  markup=False)
+                  f"{work.get('flops', 0):.4g} flop, {work.get('bytes', 0):.4g} bytes, family {work.get('family')}")
     covers = ", ".join(f"#{s['index']} {s['op']}" + (f" {s['name']!r}" if s["name"] else "") for s in info["covers"])
-    console.print(f"covers source nodes: {covers or '(none: built by rules alone)'}", markup=False)
-    console.print(f"rules, first applied first: {' -> '.join(info['rules']) or '(none: as in the model)'}",
-                  markup=False)
-    console.print("derivation:", markup=False)
+    console.print(f"covers source nodes: {covers or '(none: built by rules alone)'}")
+    console.print(f"rules, first applied first: {' -> '.join(info['rules']) or '(none: as in the model)'}")
+    console.print("derivation:")
     for line in derivation_lines(info["derivation"], document["source"], "  "):
-        console.print(line, markup=False)
+        console.print(line)
     alternatives = info["alternatives"]
     table = Table(title=f"alternatives the extractor rejected ({len(alternatives)} shown)")
     for col in ("op", f"cost ({unit})", f"with inputs ({unit})", "rules"):
@@ -244,7 +331,6 @@ def show_plan(path: Path, as_json: bool, text: bool) -> None:
     _print_plan_summary(document)
 
 
-@app.command()
 def calibrate(
     show: Annotated[bool, typer.Option("--show", help="Print the cpu-host profile in use; measure nothing.")] = False,
     threads: Annotated[int, typer.Option(help="Threads the micro-benchmarks and kernels use.")] = 1,
@@ -267,8 +353,8 @@ def calibrate(
     try:
         if show:
             profile = load_profile("cpu-host")
-            console.print(f"# {profile.path}", markup=False)
-            console.print(Path(profile.path).read_text(), markup=False, end="")
+            console.print(f"# {profile.path}")
+            console.print(Path(profile.path).read_text(), end="")
             return
         saved = user_profile_path("cpu-host").exists()
         if kernels:
@@ -281,9 +367,9 @@ def calibrate(
             profile = measure(threads=threads)
         path = save_profile(profile, force=force)
     except EgraftError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     _print_machine(profile, threads)
-    console.print(f"saved {path}", markup=False)
+    console.print(f"saved {path}")
 
 
 def _print_machine(profile, threads: int) -> None:
@@ -335,6 +421,8 @@ def _calibrate_kernels(threads: int, force: bool, quick: bool) -> None:
                       f"{profile.bandwidth_efficiency[fit.family]:.3g}", f"{fit.error_before:.2f}x",
                       f"{fit.error:.2f}x")
     console.print(table)
-    console.print("error: geometric mean of how far predicted and measured kernel times are apart (1.00x = exact)",
-                  markup=False)
-    console.print(f"saved {saved}", markup=False)
+    console.print("error: geometric mean of how far predicted and measured kernel times are apart (1.00x = exact)")
+    console.print(f"saved {saved}")
+
+
+__all__ = ["run_pipeline", "optimize", "plan", "diff", "explain", "calibrate", "show_plan"]
