@@ -1,0 +1,110 @@
+"""Judging a corpus model's outputs against onnxruntime.
+
+onnxruntime runs with basic graph optimizations only (``ORT_ENABLE_BASIC``: the extended
+ones include lossy rewrites) on one intra-op thread. Float outputs are compared by
+scale-relative error with the scale floored at 1e-3,
+``max|a - r| / max(max|r|, 1e-3)`` (the idea of
+:func:`egraft.testing.models.scale_relative_error`, floored so that an output near zero,
+such as a voice-activity probability of silence, does not turn rounding into a failure);
+integer and bool outputs must be equal element for element; shapes must match.
+
+Example:
+    >>> import numpy as np
+    >>> compare_outputs({"y": np.array([1.0, 2.5])}, {"y": np.array([1.0, 2.0])}).error
+    0.25
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: The floor under the scale of a float output.
+SCALE_FLOOR = 1e-3
+
+
+def output_error(actual: np.ndarray, reference: np.ndarray) -> tuple[float, str]:
+    """The error of one output and a few words on it. Floats: scale-relative error, the
+    scale floored at :data:`SCALE_FLOOR` (NaN where the reference has none counts as
+    infinite); integers and bools: 0 if equal, else infinite. A shape mismatch raises
+    ``AssertionError`` with both shapes."""
+    actual = np.asarray(actual)
+    reference = np.asarray(reference)
+    if actual.shape != reference.shape:
+        raise AssertionError(f"shape {actual.shape} != reference shape {reference.shape}")
+    if reference.size == 0:
+        return 0.0, "empty"
+    if not np.issubdtype(reference.dtype, np.inexact):
+        wrong = int(np.count_nonzero(actual != reference))
+        return (0.0, "exact") if wrong == 0 else (float("inf"), f"{wrong} of {reference.size} elements differ")
+    a = actual.astype(np.float64)
+    r = reference.astype(np.float64)
+    both_nan = np.isnan(a) & np.isnan(r)
+    if np.isnan(a[~both_nan]).any() or np.isnan(r[~both_nan]).any():
+        return float("inf"), "NaN where the other has a number"
+    finite = np.isfinite(r) & ~both_nan
+    if (a[~finite & ~both_nan] != r[~finite & ~both_nan]).any():
+        return float("inf"), "infinities differ"
+    if not finite.any():
+        return 0.0, "no finite elements"
+    scale = max(float(np.max(np.abs(r[finite]))), SCALE_FLOOR)
+    return float(np.max(np.abs(a[finite] - r[finite])) / scale), f"scale {scale:.3g}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of comparing a run's outputs with the reference's.
+
+    Attributes:
+        error: the largest error over the outputs (see :func:`output_error`).
+        worst: the output it comes from.
+        per_output: output name -> (error, note).
+    """
+
+    error: float
+    worst: str
+    per_output: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def passes(self, tolerance: float) -> bool:
+        """Every output within ``tolerance``."""
+        return self.error <= tolerance
+
+
+def compare_outputs(actual: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> Comparison:
+    """Compare every reference output with the output of the same name in ``actual``.
+    A missing output or a shape mismatch raises ``AssertionError`` naming the output."""
+    per_output: dict[str, tuple[float, str]] = {}
+    for name, ref in reference.items():
+        if name not in actual:
+            raise AssertionError(f"output {name!r} missing; got {sorted(actual)}")
+        try:
+            per_output[name] = output_error(actual[name], ref)
+        except AssertionError as err:
+            raise AssertionError(f"output {name!r}: {err}") from None
+    worst = max(per_output, key=lambda n: per_output[n][0]) if per_output else ""
+    return Comparison(per_output[worst][0] if worst else 0.0, worst, per_output)
+
+
+def ort_session(path: str | Path):
+    """An onnxruntime CPU session on ``path``: basic optimizations, one intra-op thread."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_outputs(path: str | Path, feeds: Mapping[str, np.ndarray], session=None) -> dict[str, np.ndarray]:
+    """The judge's outputs for ``feeds``, by output name (``session`` reuses one)."""
+    session = session or ort_session(path)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, dict(feeds))))
+
+
+__all__ = ["SCALE_FLOOR", "output_error", "Comparison", "compare_outputs", "ort_session", "ort_outputs"]
