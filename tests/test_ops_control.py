@@ -341,3 +341,47 @@ def test_two_bodies_that_use_one_dim_name_for_different_dims():
     model = _model(nodes, [_vi("x", F, ["n"]), _vi("z", F, ["m"])], [_vi("y")], 13,
                    [helper.make_tensor("M", I64, [], [3])])
     _check_both_backends(model, {"x": np.arange(4, dtype=np.float32), "z": np.arange(2, dtype=np.float32)})
+
+
+# ---- captured outer values ---------------------------------------------------------------------
+def _capturing_model() -> onnx.ModelProto:
+    """A Loop body, an If's branches and an If nested in the Loop body read ``t``, computed
+    by a Transpose in the main graph that nothing else reads."""
+    inner_then = helper.make_graph([helper.make_node("Add", ["acc", "t"], ["it"])], "inner_then", [], [_vi("it")])
+    inner_else = helper.make_graph([helper.make_node("Sub", ["acc", "t"], ["ie"])], "inner_else", [], [_vi("ie")])
+    body = helper.make_graph(
+        [helper.make_node("If", ["c"], ["acc_out"], then_branch=inner_then, else_branch=inner_else),
+         helper.make_node("Identity", ["c"], ["c_out"])], "body",
+        [_vi("i", I64, []), _vi("c", B, []), _vi("acc", F, None)], [_vi("c_out", B, []), _vi("acc_out")])
+    then_g = helper.make_graph([helper.make_node("Relu", ["t"], ["tr"])], "then", [], [_vi("tr")])
+    else_g = helper.make_graph([helper.make_node("Neg", ["t"], ["tn"])], "else", [], [_vi("tn")])
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+             helper.make_node("Mul", ["x0", "zero"], ["acc0"]),
+             helper.make_node("Loop", ["M", "", "acc0"], ["acc"], body=body),
+             helper.make_node("If", ["cond"], ["u"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Add", ["acc", "u"], ["y"])]
+    return _model(nodes, [_vi("x", F, ["n", 3]), _vi("x0", F, [3, "n"]), _vi("cond", B, [])], [_vi("y")], 13,
+                  [helper.make_tensor("M", I64, [], [3]), helper.make_tensor("zero", F, [], [0.0])])
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_captured_values_are_explicit_inputs_through_rewrite_extraction_and_lowering(cond):
+    from egraft.optimize import optimize
+
+    model = _capturing_model()
+    graph = egraft.load(model)
+    loop = next(node for node in graph.nodes if node.op == "Loop")
+    assert [v.name for v in loop.inputs[-1:]] == ["t"]  # the capture is an input of the node
+    optimized = optimize(graph).graph  # extraction renames every value
+    text = str(optimized)
+    transposed = next(line for line in text.splitlines() if "Transpose" in line).split(":")[0].strip()
+    assert f"Relu({transposed})" in text and f"Add(%acc, {transposed})" in text  # bodies print the outer name
+    for n in (4, 1):
+        feeds = {"x": np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32),
+                 "x0": np.ones((3, n), np.float32), "cond": np.array(cond)}
+        _check_both_backends(model, feeds)
+        exported = egraft.to_onnx(optimized)  # bodies read the renamed outer values by name
+        from conftest import run_onnxruntime
+
+        np.testing.assert_allclose(run_onnxruntime(exported, feeds)["y"], run_onnxruntime(model, feeds)["y"],
+                                   rtol=1e-6)

@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 from egraft.errors import GraphError
 from egraft.ir.graph import Graph, content_hash
 from egraft.ir.onnx_bridge import attr_to_onnx, type_to_onnx
+from egraft.ir.ops.control import node_captures
 from egraft.ir.registry import get_op
 
 
@@ -47,12 +48,24 @@ class _Exporter:
             raise GraphError(f"{node.label}: op {node.op!r} is not in the registry; it cannot be exported")
         inputs = [v.name if v is not None else "" for v in node.inputs]
         outputs = [v.name if v is not None else "" for v in node.outputs]
+        renames: dict[str, str] = {}
+        if any(isinstance(a, Graph) for a in node.attrs.values()):
+            # Captures are explicit trailing inputs in the IR; in ONNX the bodies read the
+            # outer values by name, which extraction may have changed.
+            captures = node_captures(node)
+            k = len(inputs) - len(captures)
+            renames = {v.name: outer for v, outer in zip(captures, inputs[k:]) if v.name != outer}
+            inputs = inputs[:k]
         while inputs and inputs[-1] == "":
             inputs.pop()
         while outputs and outputs[-1] == "":
             outputs.pop()
         scope = emitted | {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs if v}
-        attrs = [attr_to_onnx(k, v, lambda g: self.graph(g, scope)) for k, v in sorted(node.attrs.items())]
+
+        def body(g: Graph) -> onnx.GraphProto:
+            return _rename_reads(self.graph(g, scope), renames)
+
+        attrs = [attr_to_onnx(k, v, body) for k, v in sorted(node.attrs.items())]
         if op.is_standard:
             proto = helper.make_node(node.op, inputs, outputs, name=node.name or None,
                                      domain=node.domain or None)
@@ -67,6 +80,23 @@ class _Exporter:
         self.functions.setdefault(key, fn)
         self.domains[node.domain] = 1
         return helper.make_node(key, inputs, outputs, name=node.name or None, domain=node.domain)
+
+
+def _rename_reads(gp: onnx.GraphProto, renames: dict[str, str]) -> onnx.GraphProto:
+    """``gp`` with its reads of outer values renamed (nested bodies included)."""
+    if not renames:
+        return gp
+    for node in gp.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                _rename_reads(sub, renames)
+    for out in gp.output:
+        if out.name in renames and out.name not in {n for node in gp.node for n in node.output}:
+            out.name = renames[out.name]
+    return gp
 
 
 def to_onnx(graph: Graph) -> onnx.ModelProto:

@@ -242,6 +242,11 @@ class _Importer:
         placeholder = TensorType(DType.FLOAT32, None)
         outputs = tuple(Value(o, placeholder) if o else None for o in np_node.output)
         node = Node(np_node.op_type, tuple(inputs), outputs, attrs, np_node.name, domain)
+        if any(isinstance(a, Graph) for a in attrs.values()):
+            # What the bodies read from outside becomes explicit inputs (see ops/control.py).
+            from egraft.ir.ops.control import node_captures
+
+            node = node.replace(inputs=node.inputs + tuple(scope[v.name] for v in node_captures(node)))
         self._check_attrs(graph, node)
         types = infer_node(graph, node, self.fresh)
         outputs = tuple(v.replace(type=t) if v is not None else None for v, t in zip(outputs, types))

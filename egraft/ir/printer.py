@@ -30,9 +30,9 @@ def _quote_name(name: str) -> str:
 
 
 class _Namer:
-    def __init__(self, graph: Graph, parent: _Namer | None = None):
+    def __init__(self, graph: Graph, parent: _Namer | None = None, aliases: dict[str, str] | None = None):
         self.parent = parent
-        self.names: dict[str, str] = {}
+        self.names: dict[str, str] = dict(aliases or {})  # a body's captures print as the outer values
         self.count = parent.count if parent else [0, 0]
         self.const_lines: list[str] = parent.const_lines if parent else []
         self.const_names: dict[str, str] = parent.const_names if parent else {}
@@ -88,10 +88,10 @@ def _literal(array: np.ndarray) -> str:
     return str(values)
 
 
-def fmt_attr(value: Any, namer: _Namer | None = None, indent: str = "") -> str:
-    """The printed form of one attribute value."""
+def fmt_attr(value: Any, namer: _Namer | None = None, indent: str = "", aliases: dict[str, str] | None = None) -> str:
+    """The printed form of one attribute value (``aliases``: a body's captured names -> printed names)."""
     if isinstance(value, Graph):
-        return _print_body(value, _Namer(value, namer), indent + "  ", header=True)
+        return _print_body(value, _Namer(value, namer, aliases), indent + "  ", header=True)
     if isinstance(value, bool):
         return str(int(value))
     if isinstance(value, float):
@@ -105,7 +105,7 @@ def fmt_attr(value: Any, namer: _Namer | None = None, indent: str = "") -> str:
             return f"tensor<{TensorType.of(value)}>{_literal(value)}"
         return f"tensor<{TensorType.of(value)}>"
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(fmt_attr(x, namer, indent) for x in value) + "]"
+        return "[" + ", ".join(fmt_attr(x, namer, indent, aliases) for x in value) + "]"
     return str(value)
 
 
@@ -118,7 +118,9 @@ def _print_body(graph: Graph, namer: _Namer, indent: str, header: bool) -> str:
             args = args[:-3]
         attrs = ""
         if node.attrs:
-            attrs = " {" + ", ".join(f"{k}={fmt_attr(node.attrs[k], namer, indent)}" for k in sorted(node.attrs)) + "}"
+            aliases = _capture_aliases(node, namer)
+            attrs = " {" + ", ".join(f"{k}={fmt_attr(node.attrs[k], namer, indent, aliases)}"
+                                     for k in sorted(node.attrs)) + "}"
         outs = [v for v in node.outputs]
         lhs = ", ".join(f"{namer.name(v)}: {v.type}" if v is not None else "_" for v in outs)
         op = f"{node.domain}::{node.op}" if node.domain else node.op
@@ -128,6 +130,18 @@ def _print_body(graph: Graph, namer: _Namer, indent: str, header: bool) -> str:
     lines.append(f"{indent}  return {rets}")
     head = f"graph {_quote_name(graph.name)}({params}) {{" if header else ""
     return head + "\n" + "\n".join(lines) + f"\n{indent}}}"
+
+
+def _capture_aliases(node, namer: _Namer) -> dict[str, str] | None:
+    """A control-flow node's captured values, by the bodies' names -> the printed names of
+    the node's trailing inputs (the same values)."""
+    if not any(isinstance(a, Graph) for a in node.attrs.values()):
+        return None
+    from egraft.ir.ops.control import node_captures
+
+    captures = node_captures(node)
+    outer = node.inputs[len(node.inputs) - len(captures):]
+    return {v.name: namer.name(o) for v, o in zip(captures, outer)}
 
 
 def print_graph(graph: Graph) -> str:

@@ -67,9 +67,15 @@ def _check_types(graph: Graph, visible: set[str]) -> None:
         for v in node.inputs:
             if v is not None and v.name in types and types[v.name] != v.type:
                 raise GraphError(f"{node.label} reads %{v.name} as {v.type}, but it was defined as {types[v.name]}")
+        captured = set()
+        if any(isinstance(attr, G) for attr in node.attrs.values()):
+            from egraft.ir.ops.control import node_captures
+
+            captured = {v.name for v in node_captures(node)}  # fed by the node's trailing inputs
         for attr in node.attrs.values():
             if isinstance(attr, G):
-                validate_graph(attr, visible | set(types) | {v.name for v in graph.inputs}, check_types=True)
+                validate_graph(attr, visible | set(types) | {v.name for v in graph.inputs} | captured,
+                               check_types=True)
         inferred = infer_node(graph, node, fresh)
         for v, t in zip(node.outputs, inferred):
             if v is None:

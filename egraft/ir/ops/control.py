@@ -1,8 +1,12 @@
 """Control flow: If, Loop and Scan.
 
 Their bodies are IR graphs stored in the node's attributes (``then_branch`` and
-``else_branch``, ``body``). A body may read values of the enclosing graph by name; the
-executor runs it with :meth:`RunContext.run_subgraph`, which makes those visible.
+``else_branch``, ``body``). A body may read values of the enclosing graph by name (its
+captures). In the IR those reads are explicit: the node's inputs are its ONNX inputs
+followed by the values its bodies capture (:func:`node_captures`, in a fixed order), so
+every stage (the e-graph, extraction, scheduling, memory planning) sees the edges, and
+the outer values may be renamed. The executor feeds each body its captures by the
+body's own names through :meth:`RunContext.run_subgraph`.
 
 Inference reads the types of the body's outputs. Dims that cannot be known before the
 body runs (the trip count of a Loop, a dim on which the two branches of an If differ,
@@ -69,6 +73,29 @@ def _carried_type(ctx, initial: TensorType | None, body_in: TensorType, body_out
     return TensorType(initial.dtype, tuple(dims))
 
 
+def node_captures(node) -> list:
+    """The values an If/Loop/Scan node's bodies read from outside, as the bodies name them
+    (nested bodies included; bodies in attribute-name order, each in first-read order)."""
+    found: dict = {}
+    for _, body in sorted(node.attrs.items()):
+        if isinstance(body, Graph):
+            for v in body.captures():
+                found.setdefault(v.name, v)
+    return list(found.values())
+
+
+def onnx_input_count(node) -> int:
+    """The number of the node's inputs that are its ONNX inputs (the rest are captures)."""
+    return len(node.inputs) - len(node_captures(node))
+
+
+def _split_captures(ctx: RunContext, args: Sequence) -> tuple[list, dict[str, np.ndarray]]:
+    """(the ONNX arguments, body name -> array of each captured value)."""
+    names = [v.name for v in node_captures(ctx.node)]
+    k = len(ctx.node.inputs) - len(names)
+    return list(args[:k]), dict(zip(names, args[k:]))
+
+
 def _type_symbols(t: TensorType | None) -> set:
     if t is None or t.shape is None:
         return set()
@@ -119,10 +146,11 @@ def _without_body_local_dims(ctx, types: list[TensorType | None], bodies: Sequen
     return out
 
 
-def _outputs_of(ctx: RunContext, body: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+def _outputs_of(ctx: RunContext, body: Graph, feeds: dict[str, np.ndarray],
+                captured: dict[str, np.ndarray]) -> list[np.ndarray]:
     if ctx.run_subgraph is None:
         raise RuntimeError(f"{ctx.node.label}: no subgraph runner was given")
-    results = ctx.run_subgraph(body, feeds)
+    results = ctx.run_subgraph(body, {**captured, **feeds})
     return [results[v.name] for v in body.outputs]
 
 
@@ -170,11 +198,12 @@ def _if_infer(ctx: InferContext) -> list[TensorType]:
     return _without_body_local_dims(ctx, merged, [then_b, else_b])
 
 
-def _if(ctx: RunContext, cond: np.ndarray) -> list[np.ndarray]:
+def _if(ctx: RunContext, cond: np.ndarray, *captures) -> list[np.ndarray]:
+    _, captured = _split_captures(ctx, (cond, *captures))
     if np.size(cond) != 1:
         raise ValueError(f"the condition must have one element, got shape {list(np.shape(cond))}")
     branch = ctx.attr("then_branch") if bool(np.asarray(cond).reshape(-1)[0]) else ctx.attr("else_branch")
-    return _outputs_of(ctx, branch, {})
+    return _outputs_of(ctx, branch, {}, captured)
 
 
 register_op("If", infer=_if_infer, compute=_if, doc="the outputs of then_branch if cond else of else_branch")
@@ -183,7 +212,7 @@ register_op("If", infer=_if_infer, compute=_if, doc="the outputs of then_branch 
 # ---- Loop -------------------------------------------------------------------------------------
 def _loop_counts(ctx, body: Graph) -> tuple[int, int]:
     """(N loop-carried values, K scan outputs) of a Loop node."""
-    n = max(len(ctx.node.inputs) - 2, 0)
+    n = max(onnx_input_count(ctx.node) - 2, 0)
     if len(body.inputs) != n + 2:
         raise ValueError(f"the body has {len(body.inputs)} inputs, expected {n + 2} (iteration, condition "
                          f"and {n} loop-carried values)")
@@ -214,11 +243,14 @@ def _loop_infer(ctx: InferContext) -> list[TensorType]:
     return _without_body_local_dims(ctx, carried + scans, [body])
 
 
-def _loop(ctx: RunContext, m=None, cond=None, *initial) -> list[np.ndarray]:
+def _loop(ctx: RunContext, *args) -> list[np.ndarray]:
     """Run the body while ``i < M`` and ``cond`` (each when given); stack the scan outputs.
 
     Without a ``cond`` input the body's condition output is ignored (a for loop).
     """
+    args, captured = _split_captures(ctx, args)
+    args += [None] * (2 - len(args))
+    m, cond, initial = args[0], args[1], args[2:]
     body: Graph = ctx.attr("body")
     n = len(initial)
     trip_limit = None if m is None else int(np.asarray(m).reshape(-1)[0])
@@ -230,7 +262,7 @@ def _loop(ctx: RunContext, m=None, cond=None, *initial) -> list[np.ndarray]:
     while keep_going and (trip_limit is None or i < trip_limit):
         feeds = {names[0]: np.array(i, dtype=np.int64), names[1]: np.array(keep_going)}
         feeds.update(zip(names[2:], carried))
-        outs = _outputs_of(ctx, body, feeds)
+        outs = _outputs_of(ctx, body, feeds, captured)
         if cond is not None:
             keep_going = bool(np.asarray(outs[0]).reshape(-1)[0])
         carried = outs[1:1 + n]
@@ -259,9 +291,9 @@ def _scan_layout(ctx, body: Graph) -> tuple[int, int, int]:
     """(N states, M scan inputs, K scan outputs) of a Scan node."""
     m = int(ctx.attr("num_scan_inputs"))
     first = 1 if ctx.opset < 9 else 0  # opset 8: sequence_lens comes first
-    n = len(ctx.node.inputs) - first - m
+    n = onnx_input_count(ctx.node) - first - m
     if n < 0:
-        raise ValueError(f"num_scan_inputs is {m} but the node has only {len(ctx.node.inputs) - first} inputs")
+        raise ValueError(f"num_scan_inputs is {m} but the node has only {onnx_input_count(ctx.node) - first} inputs")
     if len(body.inputs) != n + m:
         raise ValueError(f"the body has {len(body.inputs)} inputs, expected {n} states + {m} scan inputs")
     k = len(body.outputs) - n
@@ -309,7 +341,8 @@ def _scan_infer(ctx: InferContext) -> list[TensorType]:
 
 def _scan8_infer(ctx: InferContext, body: Graph, n: int, m: int, k: int) -> list[TensorType]:
     """Opset 8: every input and output has a leading batch axis; scan axes are axis 1."""
-    types = ctx.types[1:] + [None] * (len(ctx.node.inputs) - len(ctx.types))
+    count = onnx_input_count(ctx.node)
+    types = ctx.types[1:count] + [None] * (count - len(ctx.types))
     batch: Dim = ctx.fresh_dim()
     seq: Dim = ctx.fresh_dim()
     for t in types[: n + m]:
@@ -329,7 +362,7 @@ def _scan8_infer(ctx: InferContext, body: Graph, n: int, m: int, k: int) -> list
 
 
 def _scan_steps(ctx: RunContext, body: Graph, states: list[np.ndarray], xs: list[np.ndarray],
-                axes: list[int], reverse: list[bool], length: int, k: int):
+                axes: list[int], reverse: list[bool], length: int, k: int, captured: dict[str, np.ndarray]):
     """Run the body ``length`` times; return the final states and each scan output's parts."""
     n = len(states)
     names = [v.name for v in body.inputs]
@@ -338,7 +371,7 @@ def _scan_steps(ctx: RunContext, body: Graph, states: list[np.ndarray], xs: list
         feeds = dict(zip(names[:n], states))
         for j, (x, axis, rev) in enumerate(zip(xs, axes, reverse)):
             feeds[names[n + j]] = np.take(x, length - 1 - t if rev else t, axis=axis)
-        outs = _outputs_of(ctx, body, feeds)
+        outs = _outputs_of(ctx, body, feeds, captured)
         states = outs[:n]
         for p, value in zip(parts, outs[n:]):
             p.append(value)
@@ -348,8 +381,9 @@ def _scan_steps(ctx: RunContext, body: Graph, states: list[np.ndarray], xs: list
 def _scan(ctx: RunContext, *inputs) -> list[np.ndarray]:
     body: Graph = ctx.attr("body")
     m = int(ctx.attr("num_scan_inputs"))
+    inputs, captured = _split_captures(ctx, inputs)
     if ctx.opset < 9:
-        return _scan8(ctx, body, inputs[0] if inputs else None, list(inputs[1:]), m)
+        return _scan8(ctx, body, inputs[0] if inputs else None, list(inputs[1:]), m, captured)
     n = len(inputs) - m
     k = len(body.outputs) - n
     states, xs = list(inputs[:n]), list(inputs[n:])
@@ -359,7 +393,7 @@ def _scan(ctx: RunContext, *inputs) -> list[np.ndarray]:
     if len(lengths) > 1:
         raise ValueError(f"the scan inputs have different sequence lengths {sorted(lengths)}")
     length = lengths.pop() if lengths else 0
-    states, parts = _scan_steps(ctx, body, states, xs, in_axes, in_rev, length, k)
+    states, parts = _scan_steps(ctx, body, states, xs, in_axes, in_rev, length, k, captured)
     out_axes = _axes_attr(ctx, "scan_output_axes", k)
     out_rev = _axes_attr(ctx, "scan_output_directions", k)
     outputs = list(states)
@@ -372,7 +406,8 @@ def _scan(ctx: RunContext, *inputs) -> list[np.ndarray]:
     return outputs
 
 
-def _scan8(ctx: RunContext, body: Graph, sequence_lens, rest: list[np.ndarray], m: int) -> list[np.ndarray]:
+def _scan8(ctx: RunContext, body: Graph, sequence_lens, rest: list[np.ndarray], m: int,
+           captured: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Opset-8 Scan: each batch entry is scanned on its own over its sequence length; scan
     outputs past a sequence's end are zero."""
     n = len(rest) - m
@@ -387,7 +422,7 @@ def _scan8(ctx: RunContext, body: Graph, sequence_lens, rest: list[np.ndarray], 
     for b in range(batch):
         length = int(lens[b])
         s, parts = _scan_steps(ctx, body, [x[b] for x in states], [x[b, :length] for x in xs], [0] * m,
-                               reverse, length, k)
+                               reverse, length, k, captured)
         for j in range(n):
             final_states[j].append(s[j])
         for j, p in enumerate(parts):
