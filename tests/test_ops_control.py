@@ -385,3 +385,28 @@ def test_captured_values_are_explicit_inputs_through_rewrite_extraction_and_lowe
 
         np.testing.assert_allclose(run_onnxruntime(exported, feeds)["y"], run_onnxruntime(model, feeds)["y"],
                                    rtol=1e-6)
+
+
+# ---- unknown rank --------------------------------------------------------------------------------
+@pytest.mark.parametrize("cond", [True, False])
+def test_an_if_whose_branches_differ_in_rank_flows_as_unknown_rank(cond):
+    """PyTorch's ``If(rank(x) != 3) Unsqueeze else Identity`` on a condition only the run
+    knows: the merged rank is unknown; the ops after it are typed with unknown rank and
+    resolved at run time on both backends."""
+    then_g = helper.make_graph([helper.make_node("Unsqueeze", ["x", "zero"], ["tu"])], "then", [], [_vi("tu")])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["ti"])], "else", [], [_vi("ti")])
+    nodes = [helper.make_node("If", ["cond"], ["u"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Unsqueeze", ["u", "zero"], ["u2"]),
+             helper.make_node("Relu", ["u2"], ["r"]),
+             helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("ReduceSum", ["r"], ["y"], keepdims=0),
+             helper.make_node("Mul", ["r", "two"], ["z"]),
+             helper.make_node("Reshape", ["z", "flat"], ["w"])]
+    model = _model(nodes, [_vi("x", F, ["n", 3]), _vi("cond", B, [])], [_vi("y"), _vi("s", I64), _vi("w")], 13,
+                   [helper.make_tensor("zero", I64, [1], [0]), helper.make_tensor("two", F, [], [2.0]),
+                    helper.make_tensor("flat", I64, [1], [-1])])
+    graph = egraft.load(model)
+    assert str(graph.nodes[0].outputs[0].type) == "f32[?]" and str(graph.outputs[2].type).startswith("f32[")
+    for n in (4, 1):
+        _check_both_backends(model, {"x": np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32),
+                                     "cond": np.array(cond)})

@@ -82,16 +82,37 @@ def infer_node(graph: Graph, node: Node, fresh: Callable[[], sympy.Symbol]) -> l
     ctx = InferContext(node, op, opset, types, values, fresh, graph)
     try:
         out = (op.infer or onnx_infer)(ctx)
-    except (ShapeInferenceError, UnsupportedOpError):
+    except UnsupportedOpError:
         raise
     except UnsupportedDType as e:
         raise UnsupportedOpError(f"{node.label}: {e}") from None
-    except Exception as e:  # a bug or an unexpected input: name the node
-        raise ShapeInferenceError(f"{node.label}: shape inference failed: {type(e).__name__}: {e}") from e
+    except Exception as e:  # a bug, an unexpected input, or an input whose rank is unknown
+        if any(t is not None and t.shape is None for t in types):
+            out = _types_of_unknown_rank(ctx, e)
+        elif isinstance(e, ShapeInferenceError):
+            raise
+        else:  # name the node
+            raise ShapeInferenceError(f"{node.label}: shape inference failed: {type(e).__name__}: {e}") from e
     out = list(out) + [None] * (len(node.outputs) - len(out))
     out = [t if node.outputs[i] is not None else None for i, t in enumerate(out[: len(node.outputs)])]
     _record_known_values(graph, node, op, opset, values, out)
     return out
+
+
+def _types_of_unknown_rank(ctx: InferContext, error: Exception) -> list[TensorType | None]:
+    """Output types when an input's rank is unknown (an If whose branches differ in rank):
+    the dtypes from onnx's inference, shapes unknown until run time (each run binds them).
+    ``error`` (the op's own inference failing on the unknown rank) is raised when even
+    the dtypes cannot be inferred."""
+    from egraft.ir.onnx_fallback import onnx_infer
+
+    try:
+        inferred = onnx_infer(ctx)
+    except Exception:
+        raise error from None
+    if any(t is None for t, v in zip(inferred, ctx.node.outputs) if v is not None):
+        raise error
+    return [None if t is None else TensorType(t.dtype, None) for t in inferred]
 
 
 def _record_known_values(graph: Graph, node: Node, op: OpDef, opset: int,

@@ -155,6 +155,11 @@ def lower(graph: Graph) -> Lowered:
     sharing = _StorageGroups(graph)
     input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     for index, node in enumerate(graph.nodes):
+        unranked = [v for v in (*node.inputs, *node.outputs) if v is not None and v.type.shape is None]
+        if unranked:  # an If whose branches differ in rank: only the run knows
+            steps.append(Step(index, node, "fallback", reason=f"the rank of %{unranked[0].name} is known only at "
+                                                              "run time"))
+            continue
         offset = _contiguous_slice(graph, node)
         if (_is_view(graph, node) or offset is not None) and node.outputs[0].name not in output_names:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
@@ -209,25 +214,9 @@ class _StorageGroups:
 
 
 def reads(node: Node) -> set[str]:
-    """The computed values ``node`` reads: its inputs, and the outer values its subgraphs
-    (If, Loop, Scan bodies) refer to."""
-    names = {v.name for v in node.inputs if v is not None and v.const is None}
-    for attr in node.attrs.values():
-        for sub in attr if isinstance(attr, list | tuple) else [attr]:
-            if isinstance(sub, Graph):
-                names |= _free_values(sub)
-    return names
-
-
-def _free_values(graph: Graph) -> set[str]:
-    """Names a subgraph reads without defining them: values of the enclosing graphs."""
-    defined = {v.name for v in graph.inputs}
-    free: set[str] = set()
-    for node in graph.nodes:
-        free |= {name for name in reads(node) if name not in defined}
-        defined |= {v.name for v in node.outputs if v is not None}
-    free |= {v.name for v in graph.outputs if v.const is None and v.name not in defined}
-    return free
+    """The computed values ``node`` reads: its inputs (which include the outer values its
+    If/Loop/Scan bodies capture: see ``egraft.ir.ops.control``)."""
+    return {v.name for v in node.inputs if v is not None and v.const is None}
 
 
 def _same_shape(a: Value, b: Value) -> bool:
