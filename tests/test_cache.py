@@ -1,0 +1,176 @@
+"""The compile cache on disk (egraft/compiler.py, egraft/kernels/cpu/llvm.py): checksums,
+damaged entries rebuilt with a warning, the size cap and least-recently-used eviction,
+what an entry stores. Real cache folders under tmp_path through $EGRAFT_CACHE_DIR."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from conftest import run_onnxruntime
+from onnx import TensorProto, helper
+
+import egraft
+from egraft.errors import EgraftError
+from egraft.kernels.cpu.llvm import cache_max_bytes, evict
+
+
+def conv_model(out_channels: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """y = Relu(Conv(x, w, b)): x f32[1, 8, 16, 16], 3x3 pads 1; its kernel packs w."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(out_channels, 8, 3, 3)).astype(np.float32)
+    b = rng.normal(size=(out_channels,)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "conv_relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out_channels, 16, 16])],
+        initializer=[onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+FEEDS = {"x": np.random.default_rng(1).normal(size=(1, 8, 16, 16)).astype(np.float32)}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(folder))
+    monkeypatch.delenv("EGRAFT_CACHE_MAX", raising=False)
+    return folder
+
+
+def _corrupt(path, at: float = 0.5) -> None:
+    """Flip bytes in the middle of ``path`` (its size stays)."""
+    data = bytearray(path.read_bytes())
+    k = int(len(data) * at)
+    for i in range(k, min(k + 64, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _check(compiled, model) -> None:
+    np.testing.assert_allclose(compiled.run(FEEDS)["y"], run_onnxruntime(model, FEEDS)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_every_entry_records_checksums_of_its_files(cache):
+    compiled = egraft.compile(conv_model())
+    assert compiled._lowered.derived, "the conv kernel should pack its weights"
+    metas = sorted(cache.rglob("*.json"))
+    assert {m.parent.name for m in metas} == {"compiled", "objects"}
+    for meta in metas:
+        for info in json.loads(meta.read_text())["files"].values():
+            assert len(info["sha256"]) == 64 and (meta.parent / info["name"]).stat().st_size == info["bytes"]
+
+
+def test_a_damaged_object_file_is_rebuilt_with_a_warning(cache):
+    model = conv_model()
+    egraft.compile(model)
+    objects = sorted((cache / "objects").glob("*.o"), key=lambda p: p.stat().st_size)
+    _corrupt(objects[-1])  # the model's kernels (the largest object)
+    with pytest.warns(RuntimeWarning, match=r"egraft cache: the entry .* is damaged \(.*\.o does not match"):
+        again = egraft.compile(model)
+    assert again.cache_hit and not again.report().cached  # the model came back; its code was compiled again
+    _check(again, model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        third = egraft.compile(model)  # repaired: no warning, the object code from the cache
+    assert third.report().cached
+    _check(third, model)
+
+
+def test_a_damaged_constants_blob_of_the_same_size_is_rebuilt_with_a_warning(cache):
+    model = conv_model()
+    egraft.compile(model)
+    (blob,) = (cache / "compiled").glob("*.bin")
+    size = blob.stat().st_size
+    _corrupt(blob)
+    assert blob.stat().st_size == size
+    with pytest.warns(RuntimeWarning, match=r"is damaged \(.*\.bin does not match its checksum\); rebuilding it"):
+        again = egraft.compile(model)
+    assert not again.cache_hit
+    _check(again, model)
+    assert egraft.compile(model).cache_hit  # written again, whole
+
+
+def test_a_damaged_pickle_is_never_unpickled(cache):
+    model = conv_model()
+    egraft.compile(model)
+    (pkl,) = (cache / "compiled").glob("*.pkl")
+    _corrupt(pkl, at=0.1)
+    with pytest.warns(RuntimeWarning, match=r"\.pkl does not match its checksum"):
+        again = egraft.compile(model)
+    assert not again.cache_hit
+    _check(again, model)
+
+
+def test_an_entry_stores_the_weights_once_and_packs_them_again_on_a_hit(cache):
+    model = conv_model(out_channels=64)
+    first = egraft.compile(model)
+    weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    (blob,) = (cache / "compiled").glob("*.bin")
+    assert blob.stat().st_size <= 1.2 * weights  # not the packed copies too
+    second = egraft.compile(model)
+    assert second.cache_hit
+    assert set(second._lowered.derived) == set(first._lowered.derived)
+    for name, array in first._lowered.derived.items():
+        np.testing.assert_array_equal(second._lowered.derived[name], array)
+    _check(second, model)
+
+
+def test_cache_max_parses_sizes(monkeypatch):
+    for text, expected in (("500M", 500 * 2**20), ("2G", 2 * 2**30), ("1.5g", int(1.5 * 2**30)), ("4096", 4096),
+                           ("64KiB", 64 * 2**10), ("0", 0)):
+        monkeypatch.setenv("EGRAFT_CACHE_MAX", text)
+        assert cache_max_bytes() == expected, text
+    monkeypatch.delenv("EGRAFT_CACHE_MAX")
+    assert cache_max_bytes() == 4 * 2**30
+    monkeypatch.setenv("EGRAFT_CACHE_MAX", "lots")
+    with pytest.raises(EgraftError, match="EGRAFT_CACHE_MAX='lots': expected a size such as 500M"):
+        cache_max_bytes()
+
+
+def _entry_bytes(cache) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for f in cache.rglob("*"):
+        if f.is_file():
+            sizes[f.name.split(".")[0]] = sizes.get(f.name.split(".")[0], 0) + f.stat().st_size
+    return sizes
+
+
+def test_the_least_recently_used_entries_go_when_the_cache_is_full(cache, monkeypatch):
+    a, b, c = conv_model(16, seed=1), conv_model(16, seed=2), conv_model(16, seed=3)
+    egraft.compile(a)
+    metas_a = set(cache.rglob("*.json"))
+    egraft.compile(b)
+    metas_b = set(cache.rglob("*.json")) - metas_a
+    now = os.stat(next(iter(metas_a))).st_mtime
+    for meta in metas_a:
+        os.utime(meta, (now, now))  # a was used last
+    for meta in metas_b:  # b's model first, then its object code: the least recently used
+        old = now - (200 if meta.parent.name == "compiled" else 100)
+        os.utime(meta, (old, old))
+    sizes = _entry_bytes(cache)
+    size_b = sum(sizes[m.stem] for m in metas_b)
+    total = sum(sizes.values())
+    monkeypatch.setenv("EGRAFT_CACHE_MAX", str(total + size_b // 4))  # no room for c besides a and b
+    egraft.compile(c)
+    assert sum(_entry_bytes(cache).values()) <= total + size_b // 4
+    assert all(m.exists() for m in metas_a)
+    assert not any(m.exists() for m in metas_b if m.parent.name == "compiled")
+    assert egraft.compile(a).cache_hit and egraft.compile(c).cache_hit
+    assert not egraft.compile(b).cache_hit  # evicted
+
+
+def test_evict_to_zero_keeps_only_the_entry_just_written(cache):
+    egraft.compile(conv_model(16, seed=1))
+    egraft.compile(conv_model(16, seed=2))
+    keep = sorted((cache / "compiled").glob("*.json"), key=lambda m: m.stat().st_mtime)[-1]
+    assert evict(keep=keep, limit=0) > 0
+    assert sorted(f.name for f in cache.rglob("*") if f.is_file()) == sorted(
+        f.name for f in (cache / "compiled").glob(keep.stem + ".*"))
