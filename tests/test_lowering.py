@@ -379,3 +379,42 @@ def test_a_forked_child_gets_its_own_workers():
     child.join(timeout=60)
     assert child.exitcode == 0
     assert scale_relative_error(got, want) <= 1e-5
+
+
+# ---- what a new user sees (issue 13) -------------------------------------------------------------
+def test_compiled_model_repr_names_inputs_outputs_steps_and_threads():
+    compiled = egraft.compile(symbolic_batch_model(), use_cache=False, threads=2)
+    text = repr(compiled)
+    assert text == repr(egraft.compile(symbolic_batch_model(), use_cache=False, threads=2))  # deterministic
+    report = compiled.report()
+    assert text == (
+        "CompiledModel(symbolic_mlp,\n"
+        "  inputs: x: f32[batch, 2, 3],\n"
+        "  outputs: y: f32[batch, 4],\n"
+        "  symbolic dims: batch,\n"
+        f"  steps: {report.kernels} kernels, {report.views} views, 0 on reference kernels,\n"
+        "  threads: 2)")
+    assert "0x" not in text
+
+
+def test_compiled_model_repr_lists_the_ops_on_reference_kernels():
+    graph = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Relu", ["x"], ["y"])], "nz",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("nz", TensorProto.INT64, None),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    compiled = egraft.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                              rewrite=False, use_cache=False, threads=1)
+    assert "1 on reference kernels (NonZero)" in repr(compiled)
+
+
+def test_compile_refuses_a_shape_of_an_unknown_dim(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(symbolic_batch_model().SerializeToString())
+    with pytest.raises(EgraftError, match=r"shape=\{'nosuchdim': 3\}: .*mlp.onnx has no symbolic dim 'nosuchdim'; "
+                                          r"its symbolic dims: batch"):
+        egraft.compile(path, shape={"nosuchdim": 3})
+    with pytest.raises(EgraftError, match="has no symbolic dim 'seq'"):
+        egraft.compile(symbolic_batch_model(), shape={"batch": 2, "seq": 8}, rewrite=False)
+    assert egraft.compile(path, shape={"batch": 2}).run({"x": np.zeros((2, 2, 3), np.float32)})["y"].shape == (2, 4)

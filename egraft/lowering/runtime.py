@@ -222,6 +222,30 @@ class CompiledModel:
             peak_bytes=peak, no_reuse_bytes=no_reuse, bindings=bindings, seconds=dict(self._lowered.seconds),
             cached=bool(self._jit and self._jit.cached), cache_hit=self.cache_hit)
 
+    def __repr__(self) -> str:
+        """What the model takes and gives, what runs it, and how many threads a call may use;
+        deterministic (no addresses), e.g.::
+
+            CompiledModel(symbolic_mlp,
+              inputs: x: f32[batch, 2, 3],
+              outputs: y: f32[batch, 4],
+              symbolic dims: batch,
+              steps: 3 kernels, 4 views, 1 on reference kernels (NonZero),
+              threads: 2)
+        """
+        steps = self._lowered.steps
+        fallbacks = sorted({s.node.op for s in steps if s.kind == "fallback"})
+        count = sum(s.kind == "fallback" for s in steps)
+        lines = [
+            f"inputs: {', '.join(f'{v.name}: {v.type}' for v in self.graph.inputs) or '(none)'}",
+            f"outputs: {', '.join(f'{v.name}: {v.type}' for v in self.graph.outputs)}",
+            f"symbolic dims: {', '.join(self._lowered.symbols) or 'none (all dims static)'}",
+            f"steps: {sum(s.kind == 'kernel' for s in steps)} kernels, {sum(s.kind == 'view' for s in steps)} views, "
+            f"{count} on reference kernels" + (f" ({', '.join(fallbacks)})" if fallbacks else ""),
+            f"threads: {self.threads}",
+        ]
+        return f"CompiledModel({self.graph.name or 'graph'},\n  " + ",\n  ".join(lines) + ")"
+
     # ---- running -------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray], profile: list | None = None) -> dict[str, np.ndarray]:
         """Run on ``feeds`` (input name -> array); returns output name -> array, in the
