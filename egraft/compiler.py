@@ -107,24 +107,51 @@ def _node_constants(graph: Graph) -> set[str]:
     return keys
 
 
+def _recomputable(graph: Graph) -> dict[str, str]:
+    """Constants that a cache entry need not store because they are cheap functions of
+    another constant it stores: ``{derived key: source key}``. Today: the transformed
+    Winograd filters ``U = WinogradWeights(w)`` of a ``WinogradConv(x, w, U)`` (16 numbers per
+    filter against w's 9), kept only when computing them again gives the same bytes."""
+    import numpy as np
+
+    from egraft.ir.ops.winograd import winograd_weights
+
+    found: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op != "WinogradConv" or node.domain != "com.egraft" or len(node.inputs) < 3:
+            continue
+        w, u = node.inputs[1], node.inputs[2]
+        if w is None or u is None or w.const is None or u.const is None or u.const in found:
+            continue
+        source, target = np.asarray(graph.constants[w.const]), np.asarray(graph.constants[u.const])
+        if source.ndim != 4 or source.shape[2:] != (3, 3):
+            continue
+        again = winograd_weights(source)
+        if again.dtype == target.dtype and again.shape == target.shape and np.array_equal(again, target):
+            found[u.const] = w.const
+    return found
+
+
 def _write_entry(entry: Path, lowered) -> None:
     """The lowered model as three files: ``KEY.bin``, the constants its nodes read, back to
     back and 64-byte aligned; ``KEY.pkl``, everything else with the constants' places in the
     blob; ``KEY.json`` (written last), the SHA-256 of both, checked when the entry is read.
 
     Kept out: constants no node reads any more (weights the rewrite replaced by folded
-    ones) and the kernels' derived constants (packed weights, about twice the weights
-    they pack): :func:`_read_entry` packs them again, which costs far less than the
-    compile they save. A ResNet-50 entry is about 0.6x its weights' bytes."""
+    ones), constants that are cheap functions of stored ones (:func:`_recomputable`) and
+    the kernels' derived constants (packed weights, about twice the weights they pack):
+    :func:`_read_entry` computes them again, which costs far less than the compile they
+    save. A ResNet-50 entry is about 0.6x its weights' bytes (1.05x with random weights)."""
     import numpy as np
 
     from egraft.kernels.cpu.llvm import evict, write_meta
 
     constants, derived = lowered.graph.constants, lowered.derived
     used = _node_constants(lowered.graph)
-    arrays = {key: value for key, value in constants.items() if key in used}
+    recomputed = _recomputable(lowered.graph)
+    arrays = {key: value for key, value in constants.items() if key in used and key not in recomputed}
     if any(np.asarray(a).dtype == object for a in arrays.values()):
-        index, blob, kept = None, b"", constants
+        index, blob, kept, recomputed = None, b"", constants, {}
     else:
         index, parts, offset, kept = {}, [], 0, {}
         for key in sorted(arrays):
@@ -140,7 +167,7 @@ def _write_entry(entry: Path, lowered) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     lowered.graph.constants, lowered.derived = kept, {}
     try:
-        payload = pickle.dumps((lowered, index, sorted(derived)), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((lowered, index, sorted(derived), recomputed), protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         lowered.graph.constants, lowered.derived = constants, derived
     files = {}
@@ -174,7 +201,7 @@ def _read_entry(entry: Path):
     if document is None:
         return None
     try:
-        lowered, index, derived_names = pickle.loads(entry.read_bytes())
+        lowered, index, derived_names, recomputed = pickle.loads(entry.read_bytes())
         if index is not None:
             blob_path = entry.with_suffix(".bin")
             blob = np.memmap(blob_path, mode="r") if blob_path.stat().st_size else np.zeros(0, np.uint8)
@@ -183,6 +210,11 @@ def _read_entry(entry: Path):
                 dt = np.dtype(dtype)
                 count = int(np.prod(shape)) * dt.itemsize
                 constants[key] = blob[offset:offset + count].view(dt).reshape(shape)
+            if recomputed:
+                from egraft.ir.ops.winograd import winograd_weights
+
+                for key, source in recomputed.items():
+                    constants[key] = winograd_weights(np.asarray(constants[source]))
             lowered.graph.constants = constants
         lowered.derived = _derive_again(lowered, set(derived_names))
     except Exception as e:  # checksums matched, yet it does not read back: never trusted

@@ -174,3 +174,26 @@ def test_evict_to_zero_keeps_only_the_entry_just_written(cache):
     assert evict(keep=keep, limit=0) > 0
     assert sorted(f.name for f in cache.rglob("*") if f.is_file()) == sorted(
         f.name for f in (cache / "compiled").glob(keep.stem + ".*"))
+
+
+def test_winograd_filters_are_computed_again_not_stored(cache):
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(64, 64, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "winograd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 28, 28])],
+        initializer=[onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    first = egraft.compile(model)
+    assert "WinogradConv" in first.graph.op_histogram()
+    (blob,) = (cache / "compiled").glob("*.bin")
+    assert blob.stat().st_size <= 1.2 * w.nbytes  # w, not G w G^T (16/9 of it) too
+    second = egraft.compile(model)
+    assert second.cache_hit
+    for key, array in first.graph.constants.items():
+        if key in second.graph.constants:
+            np.testing.assert_array_equal(second.graph.constants[key], array)
+    assert str(second.graph) == str(first.graph)
+    x = rng.normal(size=(1, 64, 28, 28)).astype(np.float32)
+    np.testing.assert_allclose(second.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-3, atol=1e-3)
