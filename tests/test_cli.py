@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -228,3 +229,48 @@ def test_output_paths_missing_folders_existing_files_and_wrong_kinds(tmp_path, m
     result = runner.invoke(app, ["run", path, "--shape", "batch=1", "-o", str(tmp_path / "outs" / "o")])
     _one_error_line(result, "y.npy exists; pass --force")
     assert runner.invoke(app, ["compile", path, "-o", str(tmp_path / "build" / "b"), "--force"]).exit_code == 0
+
+
+# ---- the README's tour runs as written ---------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_block(command: str) -> list[str]:
+    """The output lines that README.md's tour shows under ``$ <command>``."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith(f"$ {command}"))
+    end = next(k for k in range(start + 1, len(lines)) if lines[k].startswith("$ ") or lines[k] == "```")
+    return [line for line in lines[start + 1:end] if line]
+
+
+def test_readme_tour_show_prints_what_the_readme_shows(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = runner.invoke(app, ["show", "docs/examples/mlp.onnx"])
+    assert result.exit_code == 0, result.output
+    expected = _readme_block("egraft show docs/examples/mlp.onnx")
+    printed = [line.rstrip() for line in result.output.splitlines() if line.strip()]
+    table = ("┏", "┃", "┡", "│", "└", "   symbolic_mlp: ", " nodes, ")  # the op table and its title
+    text = [line for line in expected if not line.startswith(table)]
+    assert [line for line in printed if line in text] == text  # the IR text, constants, symbolic dims
+    assert "symbolic dims: batch" in text and "  %y: f32[batch, 4] = Softmax(%7) {axis=-1}" in text
+    for op in ("Add", "MatMul", "Softmax", "Unsqueeze"):
+        assert any(line.startswith(f"│ {op}") for line in expected) and any(op in line for line in printed)
+
+
+def test_readme_tour_example_commands_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    np.save(tmp_path / "x.npy", np.ones((8, 2, 3), np.float32))
+    commands = [
+        ["run", "docs/examples/mlp.onnx", "--input", f"x={tmp_path / 'x.npy'}", "--check"],
+        ["run", "docs/examples/mlp.onnx", "--shape", "batch=8"],
+        ["optimize", "docs/examples/mlp.onnx", "--rules", "docs/examples/mine.rules", "--rules-off", "fusion",
+         "--shape", "batch=1"],
+        ["rules", "check", "docs/examples/mine.rules"],
+    ]
+    for args in commands:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+    readme = (ROOT / "README.md").read_text()
+    assert "model.onnx" not in readme and "mine.rules --" not in readme.replace("examples/mine.rules", "")
+    assert onnx.load(ROOT / "docs/examples/mlp.onnx").graph.name == "symbolic_mlp"
