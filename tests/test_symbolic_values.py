@@ -110,3 +110,23 @@ def test_random_ops_are_never_folded():
                    [helper.make_tensor("c", F, [2], [0.0, 0.0])])
     graph = egraft.load(model)
     assert not any(name in graph.known_values for name in ("r", "y"))
+
+
+@pytest.mark.parametrize(("start", "end", "step"), [(-1, -2**63 + 1, -1), (-1, -2**63, -1), (3, -1, -1),
+                                                    (2**63 - 1, -2**63, -2), (-100, -2**63, -1), (1, 100, 2),
+                                                    (-3, -1, 1), (0, -1, -1)])
+@pytest.mark.parametrize("rows", [5, "n"])
+def test_slice_clamps_as_onnx_says(start, end, step, rows):
+    """A reversal to the first element (end -2**63 + 1, silero's reflected pads) is not
+    Python's ``x[3:-1:-1]``, which is empty; folded at import as well as run."""
+    model = _model([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["y"])],
+                   [helper.make_tensor_value_info("x", F, [rows, 3])], [helper.make_tensor_value_info("y", F, None)],
+                   [helper.make_tensor("s", I64, [1], [start]), helper.make_tensor("e", I64, [1], [end]),
+                    helper.make_tensor("a", I64, [1], [0]), helper.make_tensor("st", I64, [1], [step])])
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    want = run_onnxruntime(model, {"x": x})["y"]
+    graph = egraft.load(model)
+    if rows == 5:
+        assert graph.outputs[0].type.shape == want.shape
+    np.testing.assert_array_equal(graph.run({"x": x})["y"], want)
+    np.testing.assert_array_equal(egraft.compile(model, use_cache=False).run({"x": x})["y"], want)

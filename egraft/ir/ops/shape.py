@@ -274,7 +274,7 @@ def _slice_dim(d, start, end, step):
     actual length at run time, so a wrong assumption fails loudly.
     """
     if all(isinstance(v, int) for v in (d, start, end, step)):
-        return len(range(*slice(start, end, step).indices(d)))
+        return len(range(*onnx_slice(start, end, step, d).indices(d)))
     if not isinstance(step, int) or step <= 0:
         raise ValueError("negative or symbolic steps over symbolic operands")
     big = 2**62
@@ -333,8 +333,29 @@ def _slice(ctx, x, *rest):
                                               None if steps is None else np.asarray(steps).ravel().tolist())
     index = [slice(None)] * x.ndim
     for s, e, a, st in zip(starts, ends, axes, steps):
-        index[a] = slice(*slice(int(s), int(e), int(st)).indices(x.shape[a]))
+        index[a] = onnx_slice(int(s), int(e), int(st), x.shape[a])
     return [x[tuple(index)]]
+
+
+def onnx_slice(start: int, end: int, step: int, dim: int) -> slice:
+    """The Python slice of ONNX's ``start:end:step`` on an axis of ``dim`` elements.
+
+    ONNX clamps after adding ``dim`` to negative indices: start to [0, dim-1] and end to
+    [-1, dim-1] when stepping back, where -1 means "past the first element" (a Python -1
+    would mean the last one: ``x[3:-1:-1]`` is empty, ONNX's reversal is not).
+
+    Example:
+        >>> onnx_slice(-1, -2**63 + 1, -1, 4), onnx_slice(0, 2**63 - 1, 2, 5)
+        (slice(3, None, -1), slice(0, 5, 2))
+    """
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        return slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+    start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return slice(start, None if end < 0 else end, step)
 
 
 register_op("Slice", infer=_slice_infer, compute=_slice, symbolic=True, doc="x[starts:ends:steps] on 'axes'")

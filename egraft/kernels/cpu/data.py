@@ -31,6 +31,7 @@ from llvmlite import ir
 from egraft.ir.dims import dim_product, dim_symbols
 from egraft.ir.dtypes import DType
 from egraft.ir.ops.nn_dense import dropout_is_identity
+from egraft.ir.ops.shape import onnx_slice
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse, emit_elementwise
 from egraft.kernels.cpu.emit import F32, F64, I1, I8, I8P, I32, I64, KernelContext, Unsupported, is_float, llvm_type
@@ -455,7 +456,8 @@ def _slice_first(ctx: KernelContext, d: Dim, start: int, step: int) -> ir.Value:
     """The first index of ``range(d)[start::step]``, clamped as ONNX (and Python) clamp:
     into ``[0, d]`` for a positive step, ``[0, d - 1]`` for a negative one."""
     if isinstance(d, int | sympy.Integer):
-        return ir.Constant(I64, slice(start, None, step).indices(int(d))[0])
+        first = onnx_slice(start, 0, step, int(d)).start  # Python's indices() gives -1 for start=-100 stepping back
+        return ir.Constant(I64, first)
     b = ctx.builder
     n = ctx.dim(d)
     value = b.add(n, ir.Constant(I64, start)) if start < 0 else ir.Constant(I64, start)
