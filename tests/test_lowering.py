@@ -418,3 +418,24 @@ def test_compile_refuses_a_shape_of_an_unknown_dim(tmp_path, monkeypatch):
     with pytest.raises(EgraftError, match="has no symbolic dim 'seq'"):
         egraft.compile(symbolic_batch_model(), shape={"batch": 2, "seq": 8}, rewrite=False)
     assert egraft.compile(path, shape={"batch": 2}).run({"x": np.zeros((2, 2, 3), np.float32)})["y"].shape == (2, 4)
+
+
+def test_in_place_never_reuses_the_root_of_a_partial_view():
+    """Relu on a contiguous Slice (a view at an offset of a larger buffer) that is the
+    buffer's last reader: writing in place would take the root's buffer, of another size."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["a"]),
+             helper.make_node("Slice", ["a", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Add", ["r", "two"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(2, np.float32), "two"),
+             numpy_helper.from_array(np.array([2], np.int64), "starts"),
+             numpy_helper.from_array(np.array([4], np.int64), "ends"),
+             numpy_helper.from_array(np.array([0], np.int64), "axes")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "partial_view", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    compiled = compile_graph(egraft.load(model))
+    assert {s.node.op: s.kind for s in compiled.steps}["Slice"] == "view"
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-6)

@@ -205,6 +205,7 @@ class _StorageGroups:
             self.last_read[v.name] = len(graph.nodes)  # read by the caller, after every step
         self.members: dict[str, set[str]] = {}
         self.external = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
+        self.values = {v.name: v for v in graph.values()}
 
     def join(self, root: str, name: str) -> None:
         self.members.setdefault(root, {root}).add(name)
@@ -217,6 +218,13 @@ def reads(node: Node) -> set[str]:
     """The computed values ``node`` reads: its inputs (which include the outer values its
     If/Loop/Scan bodies capture: see ``egraft.ir.ops.control``)."""
     return {v.name for v in node.inputs if v is not None and v.const is None}
+
+
+def _same_size(a: Value | None, b: Value) -> bool:
+    """True when ``a`` and ``b`` provably take the same number of bytes."""
+    if a is None or a.type.shape is None or b.type.shape is None or a.type.dtype != b.type.dtype:
+        return False
+    return dims_equal(dim_product(a.type.shape), dim_product(b.type.shape))
 
 
 def _same_shape(a: Value, b: Value) -> bool:
@@ -241,6 +249,8 @@ def _reuse_a_dying_input(index: int, node: Node, storage: dict[str, str], slots:
         root = storage.get(v.name, v.name)
         if root in sharing.external or sharing.last_use(root) != index:
             continue
+        if root != v.name and not _same_size(sharing.values.get(root), v):
+            continue  # a view of part of its root (a contiguous Slice): the root's buffer is another size
         if v.type.dtype != out.type.dtype or not _same_shape(v, out):
             continue
         storage[out.name] = root
