@@ -344,3 +344,21 @@ def test_fused_attention(q_shape, kt_shape, v_shape, mask_shape, out_shape):
     nodes += [helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "V"], ["y"])]
     want = run_onnxruntime(_chain(nodes, feeds, {"scale": np.array(0.25, np.float32)}), feeds)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("k", "n"), [(256, 256), (8, 3)])  # the GEMM library, then the loops
+def test_one_row_matmuls_folded_over_a_symbolic_batch(k, n):
+    """``[b, 1, K] @ [K, N]`` folds the batch into b rows of a shared-weight product: the
+    rows are K apart, not 0 (a decoder step at sequence 1 computed row 0 only)."""
+    rng = np.random.default_rng(k)
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["u"]), helper.make_node("MatMul", ["u", "w"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.normal(size=(k, n)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([1], np.int64), "axis")]), opset_imports=[helper.make_opsetid("", 17)])
+    for compiled in (compile_graph(egraft.load(model)), egraft.compile(model, use_cache=False)):
+        for b in (1, 3):
+            x = rng.normal(size=(b, k)).astype(np.float32)
+            want = run_onnxruntime(model, {"x": x})["y"]
+            assert scale_relative_error(compiled.run({"x": x})["y"], want) < 1e-5

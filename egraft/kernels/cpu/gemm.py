@@ -386,6 +386,7 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
         and all(sympy.expand(sympy.sympify(x) - sympy.sympify(y)) == 0 for x, y in zip(a_shape[:-2], batch))
     if batch and a_stacked and all(dim_is(s, 0) for s in b_batch):
         rows = sympy.expand(sympy.Mul(*batch, m))
+        a = Matrix(a.ptr, k, a.col_stride)  # the folded rows are k apart (matmul_operands gives a one-row a stride 0)
         used = emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None)
         return used and epilogue is not None
     if not batch:
