@@ -97,6 +97,19 @@ def test_fetch_rejects_a_sha256_mismatch(tmp_path, monkeypatch):
     assert not (tmp_path / "corpus" / "akiki_vad.onnx").exists()
 
 
+def test_fetch_keeps_a_verified_model(monkeypatch):
+    first = corpus.fetch(["silero_vad_v6_sequence"], progress=None)["silero_vad_v6_sequence"]
+
+    def no_download(*_args):
+        raise AssertionError("a verified model was downloaded again")
+
+    monkeypatch.setattr(corpus, "_download_wheel", no_download)
+    lines: list[str] = []
+    again = corpus.fetch(["silero_vad_v6_sequence"], progress=lines.append)
+    assert again == {"silero_vad_v6_sequence": first} == {"silero_vad_v6_sequence": corpus.model_path(first.stem)}
+    assert lines == ["[1/1] silero_vad_v6_sequence: present, verified"]
+
+
 def _cases():
     for e in entries(fast=True):
         for backend in BACKENDS:
