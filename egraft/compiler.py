@@ -33,7 +33,7 @@ from egraft.errors import EgraftError, InputError
 from egraft.ir.graph import Graph
 
 TARGETS = ("cpu",)
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 @cache
@@ -132,42 +132,257 @@ def _recomputable(graph: Graph) -> dict[str, str]:
     return found
 
 
+# ---- packed weights: how the kernels pack them, in numpy ------------------------------------------
+def _gemm_panels(w, node):
+    """A convolution's weights as :mod:`egraft.kernels.cpu.conv_gemm` packs them: per group,
+    the ``[M/group, K]`` matrix in panels of ``MR`` rows (``pack_a_constant``)."""
+    import numpy as np
+
+    from egraft.kernels.cpu.sgemm import blocking, pack_a_constant
+
+    group = int(node.attrs.get("group", 1) or 1)
+    rows = np.asarray(w, np.float32).reshape(group, w.shape[0] // group, -1)
+    return np.concatenate([pack_a_constant(rows[g], blocking().mr) for g in range(group)])
+
+
+def _blocked(w, node):
+    """A convolution's weights as :mod:`egraft.kernels.cpu.conv_nchwc` reads them."""
+    import numpy as np
+
+    from egraft.kernels.cpu.conv_nchwc import pack_weights
+
+    return pack_weights(np.asarray(w, np.float32))
+
+
+def _winograd_points(w, node):
+    """``U = G w G^T`` packed as :mod:`egraft.kernels.cpu.winograd` reads it: per point of the
+    4x4 tile, the ``[O, C]`` matrix in panels of ``MR`` rows."""
+    import numpy as np
+
+    from egraft.ir.ops.winograd import winograd_weights
+    from egraft.kernels.cpu.sgemm import blocking, pack_a_constant
+
+    u = winograd_weights(np.asarray(w, np.float32))
+    points = u.transpose(2, 3, 0, 1).reshape(16, u.shape[0], u.shape[1])
+    return np.concatenate([pack_a_constant(points[p], blocking().mr) for p in range(16)])
+
+
+#: Packings a cache entry can compute again from a weight without the kernel generator
+#: (no LLVM IR): ``name -> (function(weight, node) -> packed, a pure gather of the weight)``.
+#: Which one made a packed constant is found by trying them (the bytes must match).
+PACKINGS = {"gemm_panels": (_gemm_panels, True), "blocked": (_blocked, True), "winograd": (_winograd_points, False)}
+
+
+def _unpack(packing: str, packed, shape: tuple, dtype, node):
+    """The weight ``packed`` was packed from, for a gather packing: the packing applied to
+    the weights' own indices (as two exact float32 halves) says where each one went."""
+    import numpy as np
+
+    pack = PACKINGS[packing][0]
+    index = np.arange(int(np.prod(shape)), dtype=np.int64)
+    low = pack((index % 4096).astype(np.float32).reshape(shape), node)
+    high = pack((index // 4096).astype(np.float32).reshape(shape), node)
+    present = pack(np.ones(shape, np.float32), node) != 0
+    weight = np.empty(index.size, np.dtype(dtype))
+    weight[high[present].astype(np.int64) * 4096 + low[present].astype(np.int64)] = np.asarray(packed)[present]
+    return weight.reshape(shape)
+
+
+def _same(a, b) -> bool:
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+def _packing_of(name: str, array, node, graph: Graph, runtime_keys: set[str]):
+    """``(packing, source key)`` when the derived constant ``name`` of ``node``'s kernel is one
+    of :data:`PACKINGS` applied to a constant input that no step reads at run time; else ``None``."""
+    import numpy as np
+
+    from egraft.kernels.cpu.sgemm import blocking
+
+    order = ("winograd", "gemm_panels", "blocked") if name.endswith(".packed_u") else \
+        ("gemm_panels", "blocked", "winograd")
+    mr = blocking().mr
+    for v in node.inputs:
+        if v is None or v.const is None or v.const in runtime_keys:
+            continue
+        w = np.asarray(graph.constants[v.const])
+        if w.ndim != 4 or w.dtype != np.float32:
+            continue
+        group = int(node.attrs.get("group", 1) or 1)
+        sizes = {"gemm_panels": group * -(-w.shape[0] // group // mr) * mr * (w.size // w.shape[0]) if
+                 w.shape[0] % group == 0 else -1,
+                 "blocked": w.size, "winograd": 16 * -(-w.shape[0] // mr) * mr * w.shape[1]}
+        for packing in order:
+            if sizes[packing] != np.asarray(array).size:
+                continue
+            try:
+                again = PACKINGS[packing][0](w, node)
+            except (ValueError, ImportError):
+                continue
+            if _same(again, array):
+                return packing, v.const
+    return None
+
+
+#: An entry's constants (``KEY.bin``) hold at most this multiple of the model's weights'
+#: bytes (the constants the nodes read, less those computed from others); the schedule
+#: and the object code take the rest of the 1.2x.
+CONSTANTS_BUDGET = 1.1
+
+
+def _entry_plan(lowered):
+    """What an entry stores, by the rule: a hit reads every constant a step reads at run
+    time as it is (packed weights included), in as few bytes as it can.
+
+    Returns ``(stored keys, stored derived names, recompute, restore, weights' bytes)``:
+    ``recompute`` ``{derived name: (packing, source key, kernel function)}``, the packed
+    constants a hit computes again in numpy (the largest first, only while the constants
+    would be over :data:`CONSTANTS_BUDGET` times the weights: Winograd's 16/9); ``restore``
+    ``{key: (how, ...)}``, the constants no step reads at run time that an entry leaves out
+    because a stored one gives them back (``("unpack", derived name, packing, function)``,
+    ``("winograd", source key)``), computed only when something asks for them
+    (``egraft.to_onnx(compiled.graph)``)."""
+    import numpy as np
+
+    graph, derived = lowered.graph, lowered.derived
+    used = _node_constants(graph)
+    names = {v.name: v.const for v in graph.values() if v.const is not None}
+    runtime = lowered.runtime_constants
+    runtime_keys = used if runtime is None else {names[n] for n in runtime if n in names}
+    runtime_keys = runtime_keys | {v.const for v in graph.outputs if v.const is not None} | _subgraph_constants(graph)
+    nodes = {step.function: step.node for step in lowered.steps if step.kind == "kernel"}
+    packings = {}
+    for name, array in derived.items():
+        node = nodes.get(name.split(".")[0])
+        found = None if node is None or runtime is None else _packing_of(name, array, node, graph, runtime_keys)
+        if found is not None:
+            packings[name] = (*found, name.split(".")[0])
+    recomputable = _recomputable(graph)
+    weights = sum(np.asarray(graph.constants[k]).nbytes for k in used if k not in recomputable)
+    recompute: dict = {}
+    unpacks: dict[str, tuple] = {}  # verified: a dead weight given back by a stored packed copy
+
+    def unpack_of(name):
+        packing, key, function = packings[name]
+        if not PACKINGS[packing][1] or key in runtime_keys:
+            return None
+        w = np.asarray(graph.constants[key])
+        if key not in unpacks and _same(_unpack(packing, derived[name], w.shape, w.dtype, nodes[function]), w):
+            unpacks[key] = ("unpack", name, packing, function)
+        return unpacks.get(key)
+
+    def plan():
+        restore = {u: ("winograd", w) for u, w in recomputable.items() if u not in runtime_keys}
+        for name in sorted(packings):
+            if name not in recompute and packings[name][1] not in restore and unpack_of(name) is not None:
+                restore[packings[name][1]] = unpacks[packings[name][1]]
+        needed = {key for _, key, _ in recompute.values()}  # the sources of what a hit packs again
+        restore = {k: r for k, r in restore.items() if k not in needed}
+        stored = sorted(k for k in used if k not in restore)
+        kept = sorted(n for n in derived if n not in recompute)
+        total = sum(np.asarray(graph.constants[k]).nbytes for k in stored) + \
+            sum(np.asarray(derived[n]).nbytes for n in kept)
+        return stored, kept, restore, total
+
+    stored, kept, restore, total = plan()
+    for name in sorted(packings, key=lambda n: -np.asarray(derived[n]).nbytes):
+        if total <= CONSTANTS_BUDGET * weights:
+            break
+        source = np.asarray(graph.constants[packings[name][1]]).nbytes
+        if np.asarray(derived[name]).nbytes <= source:
+            continue  # computing it again would not make the entry smaller
+        recompute[name] = packings[name]
+        stored, kept, restore, total = plan()
+    return stored, kept, recompute, restore, weights
+
+
+def _subgraph_constants(graph: Graph) -> set[str]:
+    """The keys of the constants that the bodies of If/Loop/Scan nodes read (run by the
+    executor at run time)."""
+    keys: set[str] = set()
+    for node in graph.nodes:
+        bodies = [a for a in node.attrs.values() if isinstance(a, Graph)]
+        bodies += [x for a in node.attrs.values() if isinstance(a, list | tuple) for x in a if isinstance(x, Graph)]
+        for body in bodies:
+            keys |= _node_constants(body)
+    return keys
+
+
+class RestoredConstants(dict):
+    """A cache hit's ``graph.constants``: the constants the entry stores, and those it left out
+    because no step reads them at run time (weights that only their packed copies are read
+    through), given back when first asked for by key (``graph.constants[key]``, as
+    :func:`egraft.to_onnx` does): unpacked from the packed copy, or ``G w G^T`` again.
+    ``key in constants`` is true once a constant is there."""
+
+    def __init__(self, stored: dict, restore: dict, types: dict, derived: dict, nodes: dict):
+        super().__init__(stored)
+        self._restore, self._types, self._derived, self._nodes = restore, types, derived, nodes
+
+    def __missing__(self, key):
+        how = self._restore.get(key)
+        if how is None:
+            raise KeyError(key)
+        if how[0] == "winograd":
+            from egraft.ir.ops.winograd import winograd_weights
+
+            value = winograd_weights(self[how[1]])
+        else:
+            _, name, packing, function = how
+            shape, dtype = self._types[key]
+            value = _unpack(packing, self._derived[name], shape, dtype, self._nodes[function])
+        self[key] = value
+        return value
+
+    def restorable(self) -> set[str]:
+        """The keys that are given back on demand, not yet asked for."""
+        return {k for k in self._restore if not dict.__contains__(self, k)}
+
+    def __reduce__(self):  # a pickle holds the constants, every one computed
+        return dict, (dict((k, self[k]) for k in (*dict.keys(self), *self.restorable())),)
+
+
 def _write_entry(entry: Path, lowered) -> None:
-    """The lowered model as three files: ``KEY.bin``, the constants its nodes read, back to
-    back and 64-byte aligned; ``KEY.pkl``, everything else with the constants' places in the
+    """The lowered model as three files: ``KEY.bin``, the constants a hit needs, back to back
+    and 64-byte aligned; ``KEY.pkl``, everything else with the constants' places in the
     blob; ``KEY.json`` (written last), the SHA-256 of both, checked when the entry is read.
 
-    Kept out: constants no node reads any more (weights the rewrite replaced by folded
-    ones), constants that are cheap functions of stored ones (:func:`_recomputable`) and
-    the kernels' derived constants (packed weights, about twice the weights they pack):
-    :func:`_read_entry` computes them again, which costs far less than the compile they
-    save. A ResNet-50 entry is about 0.6x its weights' bytes (1.05x with random weights)."""
+    What goes in the blob (:func:`_entry_plan`): every constant a step reads at run time,
+    the kernels' packed weights included, so a hit maps them and runs no generator; not the
+    weights that only their packed copies are read through (nor the ones rewriting replaced),
+    which :class:`RestoredConstants` gives back if asked. A packed copy much larger than its
+    weight (Winograd's ``G w G^T``: 16/9) is left out instead when the blob would be over
+    :data:`CONSTANTS_BUDGET` times the weights, and packed again in numpy on a hit."""
     import numpy as np
 
     from egraft.kernels.cpu.llvm import evict, write_meta
 
     constants, derived = lowered.graph.constants, lowered.derived
-    used = _node_constants(lowered.graph)
-    recomputed = _recomputable(lowered.graph)
-    arrays = {key: value for key, value in constants.items() if key in used and key not in recomputed}
-    if any(np.asarray(a).dtype == object for a in arrays.values()):
-        index, blob, kept, recomputed = None, b"", constants, {}
+    if any(np.asarray(a).dtype == object for a in (*constants.values(), *derived.values())):
+        index, blob, kept, kept_derived, plan = None, b"", constants, derived, None
     else:
-        index, parts, offset, kept = {}, [], 0, {}
-        for key in sorted(arrays):
-            array = np.asarray(arrays[key])
+        stored, stored_derived, recompute, restore, weights = _entry_plan(lowered)
+        types = {k: (np.asarray(constants[k]).shape, np.asarray(constants[k]).dtype.str) for k in restore}
+        plan = (recompute, restore, types)
+        arrays = [("constant", k, constants[k]) for k in stored] + [("derived", n, derived[n]) for n in stored_derived]
+        index, parts, offset, kept, kept_derived = {}, [], 0, {}, {}
+        for kind, key, value in arrays:
+            array = np.asarray(value)
             data = array.tobytes()
             pad = (-offset) % 64
             parts.append(b"\0" * pad)
             offset += pad
-            index[key] = (offset, array.dtype.str, array.shape)
+            index[kind, key] = (offset, array.dtype.str, array.shape)
             parts.append(data)
             offset += len(data)
         blob = b"".join(parts)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    lowered.graph.constants, lowered.derived = kept, {}
+    lowered.graph.constants, lowered.derived = kept, kept_derived
     try:
-        payload = pickle.dumps((lowered, index, sorted(derived), recomputed), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((lowered, index, plan), protocol=pickle.HIGHEST_PROTOCOL)
     finally:
         lowered.graph.constants, lowered.derived = constants, derived
     files = {}
@@ -182,11 +397,12 @@ def _write_entry(entry: Path, lowered) -> None:
 
 
 def _read_entry(entry: Path):
-    """The lowered model of a cache entry, its constants memory-mapped from the blob
-    (read-only: nothing is copied until a kernel reads it) and its derived constants
-    computed again; ``None`` when there is no entry. A damaged entry (a file that does not
-    match its checksum, or derived constants that do not come back) is removed with a
-    warning, and ``None`` returned: the caller rebuilds it."""
+    """The lowered model of a cache entry, its constants and packed weights memory-mapped
+    from the blob (read-only: nothing is copied until a kernel reads it); the packed copies
+    the entry left out are packed again in numpy (no kernel generator runs); ``None`` when
+    there is no entry. A damaged entry (a file that does not match its checksum, or one that
+    does not read back) is removed with a warning, and ``None`` returned: the caller
+    rebuilds it."""
     import numpy as np
 
     from egraft.kernels.cpu.llvm import damaged, verify_meta
@@ -201,52 +417,26 @@ def _read_entry(entry: Path):
     if document is None:
         return None
     try:
-        lowered, index, derived_names, recomputed = pickle.loads(entry.read_bytes())
+        lowered, index, plan = pickle.loads(entry.read_bytes())
         if index is not None:
+            recompute, restore, types = plan
             blob_path = entry.with_suffix(".bin")
             blob = np.memmap(blob_path, mode="r") if blob_path.stat().st_size else np.zeros(0, np.uint8)
-            constants = {}
-            for key, (offset, dtype, shape) in index.items():
+            arrays: dict = {"constant": {}, "derived": {}}
+            for (kind, key), (offset, dtype, shape) in index.items():
                 dt = np.dtype(dtype)
                 count = int(np.prod(shape)) * dt.itemsize
-                constants[key] = blob[offset:offset + count].view(dt).reshape(shape)
-            if recomputed:
-                from egraft.ir.ops.winograd import winograd_weights
-
-                for key, source in recomputed.items():
-                    constants[key] = winograd_weights(np.asarray(constants[source]))
-            lowered.graph.constants = constants
-        lowered.derived = _derive_again(lowered, set(derived_names))
+                arrays[kind][key] = blob[offset:offset + count].view(dt).reshape(shape)
+            nodes = {step.function: step.node for step in lowered.steps if step.kind == "kernel"}
+            constants = RestoredConstants(arrays["constant"], restore, types, arrays["derived"], nodes)
+            derived = arrays["derived"]
+            for name, (packing, source, function) in recompute.items():
+                derived[name] = PACKINGS[packing][0](constants[source], nodes[function])
+            lowered.graph.constants, lowered.derived = constants, derived
     except Exception as e:  # checksums matched, yet it does not read back: never trusted
         damaged(meta, f"{type(e).__name__}: {e}")
         return None
     return lowered
-
-
-def _derive_again(lowered, names: set[str]) -> dict:
-    """The derived constants ``names`` (packed weights, named ``KERNEL.tag``) computed again
-    by the generators of the kernels that made them; their code is thrown away (the object
-    code of the entry is what runs)."""
-    from llvmlite import ir
-
-    from egraft.ir.infer import node_opset, resolve_op
-    from egraft.kernels.cpu import find_kernel
-    from egraft.kernels.cpu.emit import KernelContext
-
-    functions = {name.split(".")[0] for name in names}
-    dim_index = {s: k for k, s in enumerate(lowered.symbols)}
-    derived: dict = {}
-    for step in lowered.steps:
-        if step.kind != "kernel" or step.function not in functions:
-            continue
-        node = step.node
-        opset = node_opset(lowered.graph, node)
-        ctx = KernelContext(ir.Module(name=step.function), step.function, node, lowered.graph,
-                            resolve_op(node, opset), opset, dict(lowered.slots), dim_index, derived)
-        find_kernel(node.op, node.domain)(ctx)
-    if set(derived) != names:
-        raise ValueError(f"derived constants {sorted(names ^ set(derived))[:3]} do not come back")
-    return derived
 
 
 def cache_root() -> Path:

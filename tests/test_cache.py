@@ -109,18 +109,55 @@ def test_a_damaged_pickle_is_never_unpickled(cache):
     _check(again, model)
 
 
-def test_an_entry_stores_the_weights_once_and_packs_them_again_on_a_hit(cache):
+def _read_constants(graph) -> set[str]:
+    """The keys of the constants the graph's nodes read (rewriting leaves others behind)."""
+    return {v.const for node in graph.nodes for v in node.inputs if v is not None and v.const is not None}
+
+
+def _constants_bytes(cache) -> int:
+    (blob,) = (cache / "compiled").glob("*.bin")
+    return blob.stat().st_size
+
+
+def test_an_entry_stores_the_packed_weights_instead_of_the_weights(cache):
     model = conv_model(out_channels=64)
     first = egraft.compile(model)
+    packer = next(s.node for s in first.steps if any(n.startswith(f"{s.function}.") for n in first._lowered.derived))
+    w_value = packer.inputs[1]
+    assert first._lowered.derived and w_value.name not in first._lowered.runtime_constants  # read packed only
     weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
-    (blob,) = (cache / "compiled").glob("*.bin")
-    assert blob.stat().st_size <= 1.2 * weights  # not the packed copies too
+    assert _constants_bytes(cache) <= 1.2 * weights  # the packed copy, not the weights besides
     second = egraft.compile(model)
     assert second.cache_hit
     assert set(second._lowered.derived) == set(first._lowered.derived)
     for name, array in first._lowered.derived.items():
         np.testing.assert_array_equal(second._lowered.derived[name], array)
+    assert w_value.const not in second.graph.constants  # left out of the entry ...
+    for key in _read_constants(first.graph):  # ... and given back, unpacked, when asked for
+        np.testing.assert_array_equal(second.graph.constants[key], first.graph.constants[key])
+    exported = {t.name: onnx.numpy_helper.to_array(t) for t in egraft.to_onnx(second.graph).graph.initializer}
+    np.testing.assert_array_equal(exported[w_value.name], first.graph.constants[w_value.const])
+    np.testing.assert_array_equal(second.run(FEEDS)["y"], first.run(FEEDS)["y"])
     _check(second, model)
+
+
+def test_a_hit_runs_no_kernel_generator(cache, monkeypatch):
+    from egraft.kernels.cpu.emit import KernelContext
+
+    model = conv_model(out_channels=64)
+    first = egraft.compile(model)
+    calls = []
+    init = KernelContext.__init__
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[1])
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(KernelContext, "__init__", counted)
+    second = egraft.compile(model)
+    assert second.cache_hit and calls == []
+    np.testing.assert_array_equal(second.run(FEEDS)["y"], first.run(FEEDS)["y"])
+    assert egraft.compile(model, use_cache=False) and calls  # the counter counts
 
 
 def test_cache_max_parses_sizes(monkeypatch):
@@ -187,13 +224,16 @@ def test_winograd_filters_are_computed_again_not_stored(cache):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     first = egraft.compile(model)
     assert "WinogradConv" in first.graph.op_histogram()
-    (blob,) = (cache / "compiled").glob("*.bin")
-    assert blob.stat().st_size <= 1.2 * w.nbytes  # w, not G w G^T (16/9 of it) too
+    (packed_u,) = [a for n, a in first._lowered.derived.items() if n.endswith(".packed_u")]
+    assert packed_u.nbytes > 1.5 * w.nbytes
+    assert _constants_bytes(cache) <= 1.2 * w.nbytes  # w, not G w G^T (16/9 of it) nor its packed copy
     second = egraft.compile(model)
     assert second.cache_hit
-    for key, array in first.graph.constants.items():
-        if key in second.graph.constants:
-            np.testing.assert_array_equal(second.graph.constants[key], array)
+    for name, array in first._lowered.derived.items():  # packed again, in numpy, to the same bytes
+        np.testing.assert_array_equal(second._lowered.derived[name], array)
+    for key in _read_constants(first.graph):
+        np.testing.assert_array_equal(second.graph.constants[key], first.graph.constants[key])
     assert str(second.graph) == str(first.graph)
     x = rng.normal(size=(1, 64, 28, 28)).astype(np.float32)
+    np.testing.assert_array_equal(second.run({"x": x})["y"], first.run({"x": x})["y"])
     np.testing.assert_allclose(second.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-3, atol=1e-3)

@@ -69,6 +69,11 @@ class Lowered:
     seconds: dict[str, float] = field(default_factory=dict)
     #: constants the kernels computed at compile time (packed weights), by table slot name
     derived: dict = field(default_factory=dict)
+    #: the constant values (by name) that some step reads at run time: a kernel's operands
+    #: whose pointers its code loads, a view's source, every constant input of a fallback.
+    #: A constant left out is read only while generating code (packed into ``derived``, or
+    #: baked into the code); ``None`` when unknown (every constant input then counts)
+    runtime_constants: set[str] | None = None
 
 
 def _is_view(graph: Graph, node: Node) -> bool:
@@ -150,6 +155,7 @@ def lower(graph: Graph) -> Lowered:
     module.triple = host_cpu()[0]
     steps: list[Step] = []
     derived: dict = {}
+    runtime_constants: set[str] = set()
     output_names = {v.name for v in graph.outputs}
     storage: dict[str, str] = {}
     sharing = _StorageGroups(graph)
@@ -165,6 +171,8 @@ def lower(graph: Graph) -> Lowered:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
             sharing.join(storage[node.outputs[0].name], node.outputs[0].name)
             steps.append(Step(index, node, "view", offset=offset or 0))
+            if node.inputs[0].const is not None:
+                runtime_constants.add(node.inputs[0].name)
             continue
         generator = find_kernel(node.op, node.domain)
         reason = "no generated code for this op"
@@ -184,12 +192,17 @@ def lower(graph: Graph) -> Lowered:
             else:
                 _merge(module, scratch)
                 derived.update(own)
+                runtime_constants.update(v.name for v in node.inputs
+                                         if v is not None and v.const is not None and v.name in ctx.table_names)
                 steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
+    for step in steps:
+        if step.kind == "fallback":
+            runtime_constants.update(v.name for v in step.node.inputs if v is not None and v.const is not None)
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
-                   {"lower": time.perf_counter() - start}, derived)
+                   {"lower": time.perf_counter() - start}, derived, runtime_constants)
 
 
 class _StorageGroups:

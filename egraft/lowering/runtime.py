@@ -157,10 +157,14 @@ class CompiledModel:
         self.module_text = lowered.module_text
         self.input_names = [v.name for v in self.graph.inputs]
         self.output_names = [v.name for v in self.graph.outputs]
+        # The constants the steps read at run time: a weight that its kernel packed at compile
+        # time (read only through ``derived``) is not placed in the table.
+        live = lowered.runtime_constants
         self._constants: dict[str, np.ndarray] = {}
         for step in lowered.steps:
             for v in step.node.inputs:
-                if v is not None and v.const is not None and v.name not in self._constants:
+                if v is not None and v.const is not None and v.name not in self._constants \
+                        and (live is None or v.name in live):
                     self._constants[v.name] = _contiguous(np.asarray(self.graph.constants[v.const]))
         for name, array in lowered.derived.items():  # packed weights
             self._constants[name] = _contiguous(np.asarray(array))

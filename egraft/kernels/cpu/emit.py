@@ -106,6 +106,10 @@ class KernelContext(NodeAttrs):
         self.builder = ir.IRBuilder(self._start)
         self.math = MathEmitter(module, self.builder)
         self._dim_cache: dict[Any, ir.Value] = {}
+        #: The table entries (by value or derived constant name) whose pointer the code
+        #: loads: what the kernel reads or writes at run time. A constant input that is
+        #: not here (its weights were packed into a derived constant) is dead at run time.
+        self.table_names: set[str] = set()
 
     # ---- the node (``attr`` comes from NodeAttrs) ------------------------------------------
     def has_input(self, i: int) -> bool:
@@ -130,6 +134,7 @@ class KernelContext(NodeAttrs):
     # ---- operands -----------------------------------------------------------------------------
     def _pointer(self, value_name: str, element: ir.Type) -> ir.Value:
         slot = self._slots[value_name]
+        self.table_names.add(value_name)
         with self._at_entry():
             raw = self._entry_builder.load(self._entry_builder.gep(self.table, [ir.Constant(I64, slot)]))
             return self._entry_builder.bitcast(raw, element.as_pointer(), name=f"p{slot}")
