@@ -530,6 +530,19 @@ def test_resize_float_scale_floors_the_exact_product():
     assert run_egraft(model, {"x": x})[0].shape == (1, 1, 4, 6)
 
 
+@pytest.mark.parametrize("coordinate_mode", ["half_pixel", "pytorch_half_pixel", "asymmetric"])
+def test_resize_linear_reads_the_edge_exactly(coordinate_mode):
+    # Outputs whose source coordinate lies beyond the edge are the edge value itself, bit for bit
+    # as onnxruntime gives them (a blend of two taps on the clamped index rounded them: an argmax
+    # over the upsampled axis then broke the tie differently; fuzz seed 1501).
+    x = randn(2, 3, 4, 5)
+    model = resize_model(x.shape, scales=[1, 1, 3, 2], mode="linear", coordinate_transformation_mode=coordinate_mode)
+    want = run_onnxruntime(model, {"x": x})
+    got = run_egraft(model, {"x": x})[0]
+    np.testing.assert_array_equal(got[:, :, 0, 0], x[:, :, 0, 0])
+    np.testing.assert_array_equal(got[:, :, -1, -1], want[next(iter(want))][:, :, -1, -1])
+
+
 def test_resize_symbolic_dims():
     model = resize_model((1, 3, 4, 4), scales=[1, 1, 2, 0.5], mode="linear",
                          input_dims={"x": ["batch", 3, "H", "W"]})

@@ -794,6 +794,10 @@ def _interpolation_taps(opts: _ResizeOptions, coords: np.ndarray, in_len: int, s
     their weights, for linear or cubic (antialiased: the kernel stretched by 1/scale)."""
     support, kernel = (1, _linear_kernel) if opts.mode == "linear" else (2, _cubic_kernel(opts.cubic_a))
     stretch = min(scale, 1.0) if opts.antialias else 1.0
+    if opts.mode == "linear" and not opts.antialias:
+        # Beyond the edge linear reads the edge value: clamping the coordinate gives it exactly
+        # (as onnxruntime does), where two taps on the same clamped index would round it.
+        coords = np.clip(coords, 0, max(in_len - 1, 0))
     start = math.floor(-support / stretch) + 1
     count = 2 - 2 * start
     base = np.floor(coords)
