@@ -25,6 +25,7 @@ import hashlib
 import pickle
 import shutil
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -347,8 +348,8 @@ class RestoredConstants(dict):
 
 def _write_entry(entry: Path, lowered) -> None:
     """The lowered model as three files: ``KEY.bin``, the constants a hit needs, back to back
-    and 64-byte aligned; ``KEY.pkl``, everything else with the constants' places in the
-    blob; ``KEY.json`` (written last), the SHA-256 of both, checked when the entry is read.
+    and 64-byte aligned; ``KEY.pkl``, everything else (the LLVM IR zlib-compressed) with the
+    constants' places in the blob; ``KEY.json`` (written last), the SHA-256 of both, checked when the entry is read.
 
     What goes in the blob (:func:`_entry_plan`): every constant a step reads at run time,
     the kernels' packed weights included, so a hit maps them and runs no generator; not the
@@ -380,11 +381,13 @@ def _write_entry(entry: Path, lowered) -> None:
             offset += len(data)
         blob = b"".join(parts)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    lowered.graph.constants, lowered.derived = kept, kept_derived
+    module_text = lowered.module_text  # LLVM IR text, 99% of the schedule: compressed 10x
+    lowered.graph.constants, lowered.derived, lowered.module_text = kept, kept_derived, ""
     try:
-        payload = pickle.dumps((lowered, index, plan), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((lowered, index, plan, zlib.compress(module_text.encode(), 6)),
+                               protocol=pickle.HIGHEST_PROTOCOL)
     finally:
-        lowered.graph.constants, lowered.derived = constants, derived
+        lowered.graph.constants, lowered.derived, lowered.module_text = constants, derived, module_text
     files = {}
     for suffix, data in ((".bin", blob), (".pkl", payload)):
         tmp = entry.with_suffix(f"{suffix}.tmp")
@@ -417,7 +420,8 @@ def _read_entry(entry: Path):
     if document is None:
         return None
     try:
-        lowered, index, plan = pickle.loads(entry.read_bytes())
+        lowered, index, plan, module_text = pickle.loads(entry.read_bytes())
+        lowered.module_text = zlib.decompress(module_text).decode()
         if index is not None:
             recompute, restore, types = plan
             blob_path = entry.with_suffix(".bin")
