@@ -5,7 +5,8 @@ Per model and binding: the scale-relative error (scale floored at 1e-3; integer 
 exact) of the reference executor (``egraft.load(path).run``) and of the compiled model
 (``egraft.compile(path)``, built once into a temporary cache, then ``.run``), the compiled
 model's nodes left on reference kernels (fallbacks), the compile time, and pass/fail
-against the entry's tolerance (default 1e-3). Each model and backend runs in its own
+against the entry's tolerance (default 1e-3; a looser one cites the "ort vs itself" column:
+onnxruntime against itself with float inputs and weights moved one ulp). Each model and backend runs in its own
 process with a time limit, so an exception, a crash or a hang is a failed row with the
 error's first line (and the egraft file:line it came from, listed under the table),
 never the end of the run. Missing models are fetched first.
@@ -26,10 +27,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # n
     os.environ.setdefault(_var, "1")
 
 from egraft.testing.bench import temporary_cache  # noqa: E402
-from egraft.testing.corpus import entries, fetch  # noqa: E402
+from egraft.testing.corpus import entries, fetch, make_feeds, model_path  # noqa: E402
+from egraft.testing.corpus.compare import ort_sensitivity  # noqa: E402
 from egraft.testing.corpus.run import BACKENDS, Result, run_model  # noqa: E402
 
 MARK = "@@corpus-result@@"
+#: Rows whose error is above this also show how far onnxruntime moves from itself on data
+#: nudged by one ulp (``ort_sensitivity``): the measure a looser tolerance cites.
+DEFAULT_TOLERANCE = 1e-3
 
 
 def _worker(name: str, backend: str, seed: int) -> int:
@@ -108,6 +113,8 @@ def main() -> None:
         "compiled err",
         "fallbacks",
         "compile s",
+        "tolerance",
+        "ort vs itself",
         "result",
     ):
         table.add_column(column, justify="right" if column in ("fallbacks", "compile s") else "left")
@@ -123,6 +130,10 @@ def main() -> None:
             total += len(ran)
             compile_s = f"{comp.compile_seconds:.1f}" if comp and comp.compile_seconds is not None else "-"
             fallbacks = str(comp.fallbacks) if comp and comp.fallbacks is not None else "-"
+            errors = [r.error for r in ran if r.error is not None]
+            itself = "-"
+            if errors and max(errors) > DEFAULT_TOLERANCE:  # is the model this sensitive to rounding?
+                itself = f"{ort_sensitivity(model_path(e.name), make_feeds(e, b, args.seed)):.2e}"
             table.add_row(
                 e.name,
                 e.task,
@@ -132,6 +143,8 @@ def main() -> None:
                 _error_cell(comp),
                 fallbacks,
                 compile_s,
+                f"{e.tolerance:g}",
+                itself,
                 "pass" if ok else "FAIL",
             )
     console = Console(width=220)

@@ -228,3 +228,63 @@ def test_wrong_weight_shape_is_reported(name):
     with pytest.raises(ShapeInferenceError, match=f"{name}.shape"):
         egraft.load(model)
 
+
+
+# ---- onnxruntime's DynamicQuantizeLSTM -----------------------------------------------------------
+@pytest.mark.parametrize(("seq", "batch", "inputs", "hidden", "direction", "per_column", "states"), [
+    (5, 2, 8, 4, "forward", False, False),
+    (7, 3, 16, 8, "bidirectional", False, True),
+    (6, 1, 12, 8, "bidirectional", True, False),
+    (4, 2, 8, 4, "reverse", True, True),
+])
+def test_dynamic_quantize_lstm_computes_what_onnxruntime_computes(seq, batch, inputs, hidden, direction, per_column,
+                                                                  states):
+    """int8 weights (onnxruntime refuses uint8 ones), activations quantized to uint8 as
+    the layer runs: both backends agree with onnxruntime to float rounding, not to a
+    quantization step."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import egraft
+    from egraft.lowering.compile import compile_graph
+    from egraft.testing.corpus.compare import ort_session_of
+
+    rng = np.random.default_rng(seq * 100 + hidden)
+    num_dir = 2 if direction == "bidirectional" else 1
+    w = rng.integers(-127, 128, size=(num_dir, inputs, 4 * hidden)).astype(np.int8)
+    r = rng.integers(-127, 128, size=(num_dir, hidden, 4 * hidden)).astype(np.int8)
+    scale_shape = (num_dir, 4 * hidden) if per_column else (num_dir,)
+    zero = lambda: np.zeros(scale_shape, np.int8)  # noqa: E731
+    arrays = {"W": w, "R": r, "B": rng.normal(size=(num_dir, 8 * hidden)).astype(np.float32),
+              "ws": rng.uniform(0.001, 0.01, size=scale_shape).astype(np.float32), "wz": zero(),
+              "rs": rng.uniform(0.001, 0.01, size=scale_shape).astype(np.float32), "rz": zero()}
+    state_inputs = ["h0", "c0"] if states else ["", ""]
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "W", "R", "B", "", *state_inputs, "", "ws", "wz", "rs", "rz"],
+                            ["y", "y_h", "y_c"], domain="com.microsoft", hidden_size=hidden, direction=direction)
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", "b", inputs])]
+    feeds = {"x": rng.normal(size=(seq, batch, inputs)).astype(np.float32)}
+    if states:
+        for name in ("h0", "c0"):
+            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [num_dir, "b", hidden]))
+            feeds[name] = rng.normal(size=(num_dir, batch, hidden)).astype(np.float32)
+    model = helper.make_model(helper.make_graph(
+        [node], "dq_lstm", graph_inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                          for n in ("y", "y_h", "y_c")],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    # One thread: with more, onnxruntime cuts the batch into chunks and quantizes each
+    # chunk's hidden state with its own range (its result depends on the thread count).
+    session = ort_session_of(model.SerializeToString())
+    want = dict(zip(["y", "y_h", "y_c"], session.run(["y", "y_h", "y_c"], feeds)))
+    first = 0 if direction == "forward" else seq - 1  # the step that reads only X and the initial state
+    for got in (egraft.load(model).run(feeds), compile_graph(egraft.load(model)).run(feeds)):
+        for name, value in want.items():
+            assert got[name].shape == value.shape
+        # The first step quantizes the same floats as onnxruntime: equal to float rounding
+        # (a one-quantum difference would be about 1e-3 here).
+        np.testing.assert_allclose(got["y"][first, -1 if direction == "reverse" else 0],
+                                   want["y"][first, -1 if direction == "reverse" else 0], rtol=0, atol=1e-5)
+        # Later steps quantize hidden states computed with other tanh/sigmoid roundings:
+        # a value on a rounding edge may move one quantum (1/255 of the state's range).
+        assert np.abs(got["y"] - want["y"]).max() <= 1e-2 * np.abs(want["y"]).max()
+    exported = egraft.to_onnx(egraft.load(model))  # exports as onnxruntime's op
+    np.testing.assert_array_equal(ort_session_of(exported.SerializeToString()).run(["y"], feeds)[0], want["y"])

@@ -66,7 +66,7 @@ class _Exporter:
             return _rename_reads(self.graph(g, scope), renames)
 
         attrs = [attr_to_onnx(k, v, body) for k, v in sorted(node.attrs.items())]
-        if op.is_standard:
+        if op.exports_as_itself:
             proto = helper.make_node(node.op, inputs, outputs, name=node.name or None,
                                      domain=node.domain or None)
             proto.attribute.extend(attrs)

@@ -79,6 +79,12 @@ class OpDef:
     def is_standard(self) -> bool:
         return self.domain in ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.onnx.preview")
 
+    @property
+    def exports_as_itself(self) -> bool:
+        """A standard op, or onnxruntime's own (``com.microsoft``): export writes the node as it
+        is; egraft's ops export as model-local functions."""
+        return self.is_standard or self.domain == "com.microsoft"
+
     def attr_defaults(self, opset: int) -> dict[str, Any]:
         """Attribute name -> default value at ``opset`` (``None`` when required/absent)."""
         if not self.is_standard:

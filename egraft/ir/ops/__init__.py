@@ -1,6 +1,7 @@
 """The op definitions, one module per family; importing this package registers them all."""
 
 from egraft.ir.ops import (  # noqa: F401
+    contrib,
     control,
     elementwise,
     fused,

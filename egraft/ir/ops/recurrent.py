@@ -209,6 +209,15 @@ class _Weights:
     wb: np.ndarray  # [gates*hidden]
     rb: np.ndarray  # [gates*hidden]
     p: np.ndarray | None  # LSTM peepholes [3*hidden] (i, o, f)
+    #: ``a -> a @ w`` and ``h -> h @ r`` when they are not plain products (int8 weights)
+    w_product: Callable[[np.ndarray], np.ndarray] | None = None
+    r_product: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def times_w(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.w if self.w_product is None else self.w_product(x)
+
+    def times_r(self, h: np.ndarray) -> np.ndarray:
+        return h @ self.r if self.r_product is None else self.r_product(h)
 
 
 def _clipper(clip: float | None) -> Callable[[np.ndarray], np.ndarray]:
@@ -223,7 +232,7 @@ def _lstm_cell(acts: Sequence[Activation], wts: _Weights, clip, input_forget: bo
     pi, po, pf = (np.split(wts.p, 3) if wts.p is not None else (0, 0, 0))
 
     def step(xw: np.ndarray, h_prev: np.ndarray, c_prev: np.ndarray):
-        gates = xw + h_prev @ wts.r + wts.rb
+        gates = xw + wts.times_r(h_prev) + wts.rb
         gi, go, gf, gc = (gates[:, k * hidden:(k + 1) * hidden] for k in range(4))
         i = f(clip(gi + pi * c_prev))
         forget = 1 - i if input_forget else f(clip(gf + pf * c_prev))
@@ -301,52 +310,60 @@ def _work_dtype(dtype: np.dtype) -> np.dtype:
 
 def _recurrent_compute(kind: _Kind):
     def compute(ctx, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
-        out_dtype = x.dtype
-        dt = _work_dtype(x.dtype)
-        layout = _layout(ctx)
-        if layout:
-            x = np.swapaxes(x, 0, 1)
-            initial_h = None if initial_h is None else np.swapaxes(initial_h, 0, 1)
-            initial_c = None if initial_c is None else np.swapaxes(initial_c, 0, 1)
-        x, w, r = x.astype(dt), w.astype(dt), r.astype(dt)
-        seq, batch, _ = x.shape
-        num_dir, hidden = w.shape[0], r.shape[-1]
-        gh = kind.gates * hidden
-        b = np.zeros((num_dir, 2 * gh), dt) if b is None else b.astype(dt)
-        h0 = np.zeros((num_dir, batch, hidden), dt) if initial_h is None else initial_h.astype(dt)
-        c0 = None
-        if kind is _LSTM:
-            c0 = np.zeros((num_dir, batch, hidden), dt) if initial_c is None else initial_c.astype(dt)
-        lens = np.full(batch, seq, np.int64) if sequence_lens is None else sequence_lens.astype(np.int64)
-        lens = np.clip(lens, 0, seq)
-        acts = _activations(ctx, kind, num_dir)
-        clip_value = ctx.attr("clip", None)
-        clip = _clipper(None if clip_value is None else float(clip_value))
-        direction = _direction(ctx)
-        batch_index = np.arange(batch)[None, :]
-        ys, hs, cs = [], [], []
-        for d in range(num_dir):
-            wts = _Weights(w[d].T, r[d].T, b[d, :gh], b[d, gh:],
-                           None if p is None or kind is not _LSTM else p[d].astype(dt))
-            step = _cell(ctx, kind, acts[d], wts, clip)
-            reverse = direction == "reverse" or d == 1
-            xs = x[_reverse_index(lens, seq), batch_index] if reverse else x
-            xw = xs @ wts.w + wts.wb
-            y, h, c = _run_direction(step, xw, h0[d], None if c0 is None else c0[d], lens)
-            if reverse:
-                y = y[_reverse_index(lens, seq), batch_index]
-            ys.append(y)
-            hs.append(h)
-            cs.append(c)
-        y = np.stack(ys, axis=1).astype(out_dtype)  # [seq, num_dir, batch, hidden]
-        y_h = np.stack(hs).astype(out_dtype)
-        states = [y_h] if kind is not _LSTM else [y_h, np.stack(cs).astype(out_dtype)]
-        if layout:
-            y = np.transpose(y, (2, 0, 1, 3))
-            states = [np.swapaxes(s, 0, 1) for s in states]
-        return [y, *states]
+        return _run_layer(ctx, kind, x, w, r, b, sequence_lens, initial_h, initial_c, p)
 
     return compute
+
+
+def _run_layer(ctx, kind: _Kind, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None,
+               products=None) -> list[np.ndarray]:
+    """One recurrent layer over the sequence; ``products(d)``, when given, returns the
+    ``(a -> a @ W^T, h -> h @ R^T)`` of direction ``d`` (int8 weights)."""
+    out_dtype = x.dtype
+    dt = _work_dtype(x.dtype)
+    layout = _layout(ctx)
+    if layout:
+        x = np.swapaxes(x, 0, 1)
+        initial_h = None if initial_h is None else np.swapaxes(initial_h, 0, 1)
+        initial_c = None if initial_c is None else np.swapaxes(initial_c, 0, 1)
+    x, w, r = x.astype(dt), w.astype(dt), r.astype(dt)
+    seq, batch, _ = x.shape
+    num_dir, hidden = w.shape[0], r.shape[-1]
+    gh = kind.gates * hidden
+    b = np.zeros((num_dir, 2 * gh), dt) if b is None else b.astype(dt)
+    h0 = np.zeros((num_dir, batch, hidden), dt) if initial_h is None else initial_h.astype(dt)
+    c0 = None
+    if kind is _LSTM:
+        c0 = np.zeros((num_dir, batch, hidden), dt) if initial_c is None else initial_c.astype(dt)
+    lens = np.full(batch, seq, np.int64) if sequence_lens is None else sequence_lens.astype(np.int64)
+    lens = np.clip(lens, 0, seq)
+    acts = _activations(ctx, kind, num_dir)
+    clip_value = ctx.attr("clip", None)
+    clip = _clipper(None if clip_value is None else float(clip_value))
+    direction = _direction(ctx)
+    batch_index = np.arange(batch)[None, :]
+    ys, hs, cs = [], [], []
+    for d in range(num_dir):
+        wts = _Weights(w[d].T, r[d].T, b[d, :gh], b[d, gh:],
+                       None if p is None or kind is not _LSTM else p[d].astype(dt),
+                       *(products(d) if products is not None else (None, None)))
+        step = _cell(ctx, kind, acts[d], wts, clip)
+        reverse = direction == "reverse" or d == 1
+        xs = x[_reverse_index(lens, seq), batch_index] if reverse else x
+        xw = wts.times_w(xs) + wts.wb
+        y, h, c = _run_direction(step, xw, h0[d], None if c0 is None else c0[d], lens)
+        if reverse:
+            y = y[_reverse_index(lens, seq), batch_index]
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    y = np.stack(ys, axis=1).astype(out_dtype)  # [seq, num_dir, batch, hidden]
+    y_h = np.stack(hs).astype(out_dtype)
+    states = [y_h] if kind is not _LSTM else [y_h, np.stack(cs).astype(out_dtype)]
+    if layout:
+        y = np.transpose(y, (2, 0, 1, 3))
+        states = [np.swapaxes(s, 0, 1) for s in states]
+    return [y, *states]
 
 
 def _cell(ctx, kind: _Kind, acts, wts: _Weights, clip):
