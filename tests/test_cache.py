@@ -1,4 +1,4 @@
-"""The compile cache on disk (egraft/compiler.py, egraft/kernels/cpu/llvm.py): checksums,
+"""The compile cache on disk (egraft/compile_cache.py, egraft/kernels/cpu/llvm.py): checksums,
 damaged entries rebuilt with a warning, the size cap and least-recently-used eviction,
 what an entry stores. Real cache folders under tmp_path through $EGRAFT_CACHE_DIR."""
 
@@ -237,3 +237,36 @@ def test_winograd_filters_are_computed_again_not_stored(cache):
     x = rng.normal(size=(1, 64, 28, 28)).astype(np.float32)
     np.testing.assert_array_equal(second.run({"x": x})["y"], first.run({"x": x})["y"])
     np.testing.assert_allclose(second.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-3, atol=1e-3)
+
+
+def test_every_packed_weight_records_which_packing_made_it_from_which_constant(cache):
+    compiled = egraft.compile(conv_model(out_channels=64))
+    lowered = compiled._lowered
+    assert lowered.packed_from and set(lowered.packed_from) <= set(lowered.derived)
+    for name, made in lowered.packed_from.items():
+        w = np.asarray(compiled.graph.constants[made.source])
+        np.testing.assert_array_equal(made.apply(w), lowered.derived[name])  # the record makes it again
+        assert made.gather
+        np.testing.assert_array_equal(made.unpack(lowered.derived[name], w.shape, w.dtype), w)
+
+
+@pytest.mark.parametrize("packing, params, shape", [("conv_gemm.panels", (("group", 2), ("mr", 6)), (10, 3, 3, 3)),
+                                                     ("conv_nchwc.blocked", (), (24, 16, 3, 3))])
+def test_a_gather_packing_unpacks_to_its_weight(packing, params, shape):
+    from egraft.kernels.cpu.emit import PackedFrom
+
+    w = np.random.default_rng(5).normal(size=shape).astype(np.float32)
+    made = PackedFrom(packing, "w", params)
+    np.testing.assert_array_equal(made.unpack(made.apply(w), w.shape, w.dtype), w)
+
+
+def test_winograd_packing_is_not_a_gather():
+    from egraft.kernels.cpu.emit import PackedFrom
+
+    made = PackedFrom("winograd.packed_u", "w", (("mr", 6),))
+    w = np.ones((4, 4, 3, 3), np.float32)
+    assert not made.gather and made.apply(w).size == 16 * 6 * 4
+    with pytest.raises(ValueError, match="'winograd.packed_u' is not a gather"):
+        made.unpack(made.apply(w), w.shape, w.dtype)
+    with pytest.raises(KeyError, match="no weight packing 'nosuch'"):
+        PackedFrom("nosuch", "w").apply(w)

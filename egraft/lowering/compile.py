@@ -74,6 +74,9 @@ class Lowered:
     #: A constant left out is read only while generating code (packed into ``derived``, or
     #: baked into the code); ``None`` when unknown (every constant input then counts)
     runtime_constants: set[str] | None = None
+    #: how each packed derived constant was made from which constant (by table slot name,
+    #: :class:`~egraft.kernels.cpu.emit.PackedFrom`, from ``KernelContext.packed_from``)
+    packed_from: dict = field(default_factory=dict)
 
 
 def _is_view(graph: Graph, node: Node) -> bool:
@@ -155,6 +158,7 @@ def lower(graph: Graph) -> Lowered:
     module.triple = host_cpu()[0]
     steps: list[Step] = []
     derived: dict = {}
+    packed_from: dict = {}
     runtime_constants: set[str] = set()
     output_names = {v.name for v in graph.outputs}
     storage: dict[str, str] = {}
@@ -192,6 +196,7 @@ def lower(graph: Graph) -> Lowered:
             else:
                 _merge(module, scratch)
                 derived.update(own)
+                packed_from.update(ctx.packed_from)
                 runtime_constants.update(v.name for v in node.inputs
                                          if v is not None and v.const is not None and v.name in ctx.table_names)
                 steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel))
@@ -202,7 +207,7 @@ def lower(graph: Graph) -> Lowered:
             runtime_constants.update(v.name for v in step.node.inputs if v is not None and v.const is not None)
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
-                   {"lower": time.perf_counter() - start}, derived, runtime_constants)
+                   {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from)
 
 
 class _StorageGroups:

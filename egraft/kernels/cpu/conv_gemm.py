@@ -25,7 +25,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.dims import dims_equal
-from egraft.kernels.cpu.emit import I64, KernelContext
+from egraft.kernels.cpu.emit import I64, KernelContext, register_packing
 from egraft.kernels.cpu.sgemm import BIAS_PER_ROW, MAX_SEGMENTS, Epilogue, blocking, emit_call, pack_a_constant
 
 
@@ -68,6 +68,20 @@ def conv_tables(geo) -> dict[str, np.ndarray]:
             "segments": segments.reshape(-1)}
 
 
+@register_packing("conv_gemm.panels", gather=True)
+def pack_conv_weights(w: np.ndarray, group: int, mr: int) -> np.ndarray:
+    """ONNX weights ``[M, C/group, KH, KW]`` as the products read them: per group, the
+    ``[M/group, K]`` matrix in panels of ``mr`` rows (:func:`~egraft.kernels.cpu.sgemm.pack_a_constant`),
+    the groups back to back.
+
+    Example:
+        >>> pack_conv_weights(np.arange(8, dtype=np.float32).reshape(2, 1, 2, 2), 1, 4)[:4]
+        array([0., 4., 0., 0.], dtype=float32)
+    """
+    rows = np.asarray(w, np.float32).reshape(group, w.shape[0] // group, -1)
+    return np.concatenate([pack_a_constant(rows[g], mr) for g in range(group)])
+
+
 def is_plain_matrix(geo) -> bool:
     """A 1x1 convolution with unit strides and no padding: ``X`` is already ``[C, H*W]``."""
     return (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w) == (1, 1, 1, 1, 0, 0) \
@@ -100,11 +114,9 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
     pixels = geo.out_h * geo.out_w
     go = geo.group_out
     mr = blocking().mr
-    weights = ctx.constant(1)
-    if weights is not None:
-        w = np.asarray(weights, np.float32).reshape(geo.group, go, k)
-        packed = np.concatenate([pack_a_constant(w[g], mr) for g in range(geo.group)])
-        a_base, a_fields = ctx.derived_constant("packed_w", packed), {"a_packed": 1}
+    if ctx.constant(1) is not None:
+        a_base, _ = ctx.packed_constant("packed_w", "conv_gemm.panels", 1, group=geo.group, mr=mr)
+        a_fields = {"a_packed": 1}
         group_a = (-(-go // mr)) * mr * k
     else:
         a_base, a_fields = ctx.in_ptr(1), {"a_rs": k, "a_cs": 1}
@@ -137,4 +149,4 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
                             "b": at(x, x_at), **b_fields, "c": at(y, y_at), "ldc": pixels}, epilogue)
 
 
-__all__ = ["conv_tables", "is_plain_matrix", "fits", "emit_conv_gemm"]
+__all__ = ["conv_tables", "pack_conv_weights", "is_plain_matrix", "fits", "emit_conv_gemm"]

@@ -66,7 +66,7 @@ from egraft.kernels.cpu.conv import (
     fmuladd,
     vector_pointer,
 )
-from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, splat
+from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, register_packing, splat
 
 #: Channels per block of the layouts this kernel reads and writes (floats per vector).
 BLOCK = 8
@@ -184,6 +184,7 @@ def channel_tiles(out_channels: int) -> list[int]:
     return [TILE_VECTORS] * (blocks // TILE_VECTORS) + [blocks % TILE_VECTORS] * (blocks % TILE_VECTORS > 0)
 
 
+@register_packing("conv_nchwc.blocked", gather=True)
 def pack_weights(w: np.ndarray) -> np.ndarray:
     """ONNX weights ``[M, C, KH, KW]`` as the kernel reads them: per tile of output channels
     (:func:`channel_tiles`), ``[C/8][KH][KW][8][width]`` with ``width`` its channels (16, or 8
@@ -196,6 +197,7 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
         >>> bool((packed[:16] == w[:16, 0, 0, 0]).all()), packed.shape
         (True, (192,))
     """
+    w = np.asarray(w, np.float32)
     m, c, kh, kw = w.shape
     panels, first = [], 0
     for vectors in channel_tiles(m):
@@ -250,8 +252,7 @@ class NCHWcEmitter:
         self.activation, self.params = activation, list(params)
         self.vector = ir.VectorType(F32, BLOCK)
         self.x, self.y = ctx.in_ptr(0), ctx.out_ptr(0)
-        packed = pack_weights(np.asarray(ctx.constant(1), np.float32))
-        self.w = ctx.derived_constant("packed_w", packed)
+        self.w, packed = ctx.packed_constant("packed_w", "conv_nchwc.blocked", 1)
         #: the work items in row-major order (every channel tile of a row, then the next row)
         #: when all the weights stay in L2: each input row is then read once from memory
         self.rows_outer = packed.nbytes <= RESIDENT_WEIGHT_BYTES

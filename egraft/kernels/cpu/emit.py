@@ -29,10 +29,12 @@ Example (a generator)::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import sympy
 from llvmlite import ir
 
@@ -55,6 +57,89 @@ LLVM_TYPES: dict[DType, ir.Type] = {
     DType.FLOAT32: F32, DType.FLOAT64: F64,
     DType.INT64: I64, DType.INT32: I32, DType.INT8: I8, DType.UINT8: I8, DType.BOOL: I8,
 }
+
+
+# ---- weight packings: how a kernel's derived constants were made ------------------------------
+@dataclass(frozen=True)
+class Packing:
+    """A weight packing a kernel generator uses: ``function(weight, **params)``, plain numpy,
+    gives the packed array. ``gather`` says that every packed element is one of the weight's
+    elements or zero (padding), so the weight can be read back out of it
+    (:meth:`PackedFrom.unpack`)."""
+
+    name: str
+    function: Callable[..., np.ndarray]
+    gather: bool
+
+
+_PACKINGS: dict[str, Packing] = {}
+
+
+def register_packing(name: str, *, gather: bool) -> Callable[[Callable], Callable]:
+    """Decorator: ``fn(weight, **params) -> packed`` is the packing ``name`` (a kernel module's
+    own, used through :meth:`KernelContext.packed_constant`); ``gather`` as for :class:`Packing`.
+
+    Example::
+
+        @register_packing("conv_nchwc.blocked", gather=True)
+        def pack_weights(w): ...
+    """
+    def wrap(fn: Callable) -> Callable:
+        if name in _PACKINGS and _PACKINGS[name].function is not fn:
+            raise ValueError(f"packing {name!r} is registered twice")
+        _PACKINGS[name] = Packing(name, fn, gather)
+        return fn
+    return wrap
+
+
+def find_packing(name: str) -> Packing:
+    """The registered packing ``name`` (every kernel module is imported first, so a cache
+    hit that runs no generator finds them)."""
+    if name not in _PACKINGS:
+        from egraft.kernels.cpu import kernel_ops
+
+        kernel_ops()  # imports every generator module: each registers its packings
+    if name not in _PACKINGS:
+        raise KeyError(f"no weight packing {name!r}; known: {', '.join(sorted(_PACKINGS))}")
+    return _PACKINGS[name]
+
+
+@dataclass(frozen=True)
+class PackedFrom:
+    """How a derived constant was made: the packing ``packing`` applied to the constant
+    ``source`` (its key in ``graph.constants``) with the keyword arguments ``params``
+    (``(name, value)`` pairs, sorted). Recorded by :meth:`KernelContext.packed_constant`, so
+    whoever holds the packed array (the compile cache) can make it again from the weight, or
+    the weight from it, without guessing.
+
+    Example: ``PackedFrom("conv_gemm.panels", "w", (("group", 1), ("mr", 6)))``.
+    """
+
+    packing: str
+    source: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def gather(self) -> bool:
+        return find_packing(self.packing).gather
+
+    def apply(self, weight) -> np.ndarray:
+        """The packed array of ``weight`` (the source constant's value)."""
+        return find_packing(self.packing).function(weight, **dict(self.params))
+
+    def unpack(self, packed, shape: tuple, dtype) -> np.ndarray:
+        """The weight (of ``shape`` and ``dtype``) that ``packed`` was packed from, for a
+        gather packing: the packing applied to the weight's own indices (as two exact
+        float32 halves) says where each element went."""
+        if not self.gather:
+            raise ValueError(f"packing {self.packing!r} is not a gather: its weight cannot be unpacked")
+        index = np.arange(int(np.prod(shape)), dtype=np.int64)
+        low = self.apply((index % 4096).astype(np.float32).reshape(shape))
+        high = self.apply((index // 4096).astype(np.float32).reshape(shape))
+        present = self.apply(np.ones(shape, np.float32)) != 0
+        weight = np.empty(index.size, np.dtype(dtype))
+        weight[high[present].astype(np.int64) * 4096 + low[present].astype(np.int64)] = np.asarray(packed)[present]
+        return weight.reshape(shape)
 
 
 class Unsupported(Exception):
@@ -110,6 +195,10 @@ class KernelContext(NodeAttrs):
         #: loads: what the kernel reads or writes at run time. A constant input that is
         #: not here (its weights were packed into a derived constant) is dead at run time.
         self.table_names: set[str] = set()
+        #: How each packed derived constant (by table slot name) was made from a constant
+        #: input (:meth:`packed_constant`); derived constants not here (offset tables) are
+        #: made from the shapes alone.
+        self.packed_from: dict[str, PackedFrom] = {}
 
     # ---- the node (``attr`` comes from NodeAttrs) ------------------------------------------
     def has_input(self, i: int) -> bool:
@@ -154,6 +243,19 @@ class KernelContext(NodeAttrs):
         self._derived[name] = array
         self._slots.setdefault(name, len(self._slots))
         return self._pointer(name, llvm_type(DType.from_numpy(array.dtype)))
+
+    def packed_constant(self, tag: str, packing: str, i: int, **params) -> tuple[ir.Value, np.ndarray]:
+        """Constant input ``i`` packed by the registered packing ``packing`` (with ``params``)
+        as a derived constant, recorded in :attr:`packed_from`; returns its element pointer
+        and the packed array.
+
+        Example: ``ptr, packed = ctx.packed_constant("packed_w", "conv_nchwc.blocked", 1)``.
+        """
+        made = PackedFrom(packing, self.node.inputs[i].const, tuple(sorted(params.items())))
+        array = made.apply(self.graph.constants[made.source])
+        pointer = self.derived_constant(tag, array)
+        self.packed_from[f"{self.name}.{tag}"] = made
+        return pointer, array
 
     def out_ptr(self, j: int = 0) -> ir.Value:
         """Output ``j``'s buffer, typed as a pointer to its element type."""

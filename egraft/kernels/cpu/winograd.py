@@ -31,7 +31,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.ops.winograd import winograd_weights
-from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext, masked_load, splat
+from egraft.kernels.cpu.emit import F32, I32, I64, KernelContext, masked_load, register_packing, splat
 from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES, Epilogue, blocking, emit_call, pack_a_constant
 
 #: Bytes of each thread's scratch given to the transformed input and the products.
@@ -41,6 +41,21 @@ POINTS = 16
 #: Fewest tiles per product worth it: below (a 7x7 output has 16 tiles) the 16 products are
 #: too narrow to run at speed and the convolution runs as one product instead.
 MIN_TILES = 32
+
+
+#: ``U = G w G^T`` of a ``WinogradConv(x, w, U)``'s filters, as rewriting made its third input
+#: (the kernel reads ``w``; a cache entry gives ``U`` back from it).
+register_packing("winograd.transform", gather=False)(winograd_weights)
+
+
+@register_packing("winograd.packed_u", gather=False)
+def pack_filters(w: np.ndarray, mr: int) -> np.ndarray:
+    """3x3 filters ``w [O, C, 3, 3]`` as the products read them: ``U = G w G^T`` per point of
+    the 4x4 tile, the ``[O, C]`` matrix in panels of ``mr`` rows
+    (:func:`~egraft.kernels.cpu.sgemm.pack_a_constant`), the 16 points back to back."""
+    u = winograd_weights(np.asarray(w, np.float32))  # [O, C, 4, 4]
+    u_points = u.transpose(2, 3, 0, 1).reshape(POINTS, u.shape[0], u.shape[1])
+    return np.concatenate([pack_a_constant(u_points[xi], mr) for xi in range(POINTS)])
 
 
 def chunk_rows(geo, threads_hint: int = 2) -> int | None:
@@ -136,11 +151,8 @@ def emit_winograd(ctx: KernelContext, geo, bias: int | None, activation: str, pa
     ld = -(-rows_per_chunk * tiles_w // vw) * vw + vw  # row stride of V and M (room for a spilled vector)
     groups = -(-tiles_w // vw)
 
-    u = winograd_weights(np.asarray(ctx.constant(1), np.float32))  # [O, C, 4, 4]
-    u_points = u.transpose(2, 3, 0, 1).reshape(POINTS, c_out, c_in)
-    packed = np.concatenate([pack_a_constant(u_points[xi], blk.mr) for xi in range(POINTS)])
+    u_ptr, packed = ctx.packed_constant("packed_u", "winograd.packed_u", 1, mr=blk.mr)
     u_stride = len(packed) // POINTS
-    u_ptr = ctx.derived_constant("packed_u", packed)
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     bias_ptr = ctx.in_ptr(bias) if bias is not None else None
 
@@ -249,4 +261,4 @@ def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activa
                         vec.masked_store(vec.interleave(*pair), channel, b.add(b.mul(row, out_w), ox), mask)
 
 
-__all__ = ["WINOGRAD_BYTES", "chunk_rows", "fits", "emit_winograd"]
+__all__ = ["WINOGRAD_BYTES", "pack_filters", "chunk_rows", "fits", "emit_winograd"]
