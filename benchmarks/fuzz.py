@@ -37,7 +37,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from egraft.testing.fuzz.generate import generate  # noqa: E402
-from egraft.testing.fuzz.oracle import BACKENDS, Result, check, refusal_reason  # noqa: E402
+from egraft.testing.fuzz.oracle import ALL_BACKENDS, BACKENDS, Result, check, refusal_reason  # noqa: E402
 
 OUTCOMES = ("ok", "mismatch", "crash", "refusal", "ill-conditioned", "timeout", "invalid")
 TIMEOUT_S = 90
@@ -47,16 +47,17 @@ def _alarm(signum, frame):
     raise TimeoutError(f"over {TIMEOUT_S} s")
 
 
-def run_seed(seed: int) -> tuple[int, list[Result], float, int]:
-    """The results of seed ``seed`` on every backend, its seconds and its node count."""
+def run_seed(job: tuple[int, tuple[str, ...]]) -> tuple[int, list[Result], float, int]:
+    """The results of seed ``seed`` on each of ``backends``, its seconds and its node count."""
+    seed, backends = job
     signal.signal(signal.SIGALRM, _alarm)
     t = time.perf_counter()
     case = generate(seed)
     signal.alarm(TIMEOUT_S)
     try:
-        results = check(case)
+        results = check(case, backends)
     except TimeoutError:
-        results = [Result(b, "timeout", f"over {TIMEOUT_S} s") for b in BACKENDS]
+        results = [Result(b, "timeout", f"over {TIMEOUT_S} s") for b in backends]
     finally:
         signal.alarm(0)
     return seed, results, time.perf_counter() - t, len(case.model.graph.node)
@@ -111,13 +112,14 @@ def run_all(fn, jobs: list, workers: int, died):
         p.join(timeout=5)
 
 
-def _died(seed: int, code: int) -> tuple[int, list[Result], float, int]:
-    """The result of a seed whose worker died: a crash of the compiled backend (the
-    reference executor is numpy only; the process died in compiled code or in LLVM)."""
-    from egraft.testing.fuzz.oracle import check as check_one
+def _died(job: tuple[int, tuple[str, ...]], code: int) -> tuple[int, list[Result], float, int]:
+    """The results of a seed whose worker died (in compiled code or in LLVM): each backend
+    checked again in a child process of its own, so the one that kills it is a crash."""
+    from egraft.testing.fuzz.minimize import check_isolated
 
-    reference = check_one(generate(seed), ["reference"])[0]
-    return seed, [reference, Result("compiled", "crash", f"ProcessDied: signal {-code if code < 0 else code}")], 0.0, 0
+    seed, backends = job
+    case = generate(seed)
+    return seed, [check_isolated(case, b) for b in backends], 0.0, len(case.model.graph.node)
 
 
 def group(r: Result) -> str:
@@ -137,6 +139,7 @@ def minimize_seed(job: tuple[int, str, str, int, bool]) -> tuple[int, str, str, 
 
     seed, backend, out, seconds, died = job
     case = generate(seed)
+    died = died or backend == "compiled"  # compiled code may corrupt the heap: check it in children
     result = check_isolated(case, backend) if died else check(case, [backend])[0]
     if result.outcome in ("ok", "refusal", "invalid"):
         return seed, backend, "", "(did not fail again)"
@@ -155,20 +158,23 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--minimize", type=int, default=2, help="failures minimized per group (default 2; 0: none)")
     parser.add_argument("--minimize-seconds", type=int, default=90, help="time per minimization (default 90)")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help=f"comma-separated, of {', '.join(ALL_BACKENDS)} (default {','.join(BACKENDS)})")
     parser.add_argument("--json", default=None, help="also write every seed's results to this file")
     args = parser.parse_args()
     from egraft.testing.bench import temporary_cache
 
     temporary_cache()
     console = Console()
-    seeds = range(args.start, args.start + args.count)
-    tally = {b: collections.Counter() for b in BACKENDS}
-    reasons = {b: collections.Counter() for b in BACKENDS}
+    backends = tuple(args.backends.split(","))
+    jobs = [(seed, backends) for seed in range(args.start, args.start + args.count)]
+    tally = {b: collections.Counter() for b in backends}
+    reasons = {b: collections.Counter() for b in backends}
     groups: dict[str, list[int]] = collections.defaultdict(list)
     records = []
     start = time.perf_counter()
     seconds = 0.0
-    for k, (seed, results, secs, nodes) in enumerate(run_all(run_seed, list(seeds), args.jobs, _died), 1):
+    for k, (seed, results, secs, nodes) in enumerate(run_all(run_seed, jobs, args.jobs, _died), 1):
         seconds += secs
         for r in results:
             tally[r.backend][r.outcome] += 1
@@ -185,15 +191,15 @@ def main() -> None:
     table = Table(title=f"egraft vs onnxruntime on {args.count} random graphs (seeds {args.start}.."
                         f"{args.start + args.count - 1}), two bindings each")
     table.add_column("outcome")
-    for b in BACKENDS:
+    for b in backends:
         table.add_column(b, justify="right")
     for o in OUTCOMES:
-        table.add_row(o, *(f"{tally[b][o]} ({100 * tally[b][o] / args.count:.1f}%)" for b in BACKENDS))
+        table.add_row(o, *(f"{tally[b][o]} ({100 * tally[b][o] / args.count:.1f}%)" for b in backends))
     console.print(table)
-    invalid = tally[BACKENDS[0]]["invalid"]
+    invalid = tally[backends[0]]["invalid"]
     console.print(f"invalid-graph rate: {invalid}/{args.count} = {100 * invalid / args.count:.2f}%; "
                   f"{wall:.0f} s wall, {seconds / args.count:.2f} s per graph")
-    for b in BACKENDS:
+    for b in backends:
         if reasons[b]:
             rt = Table(title=f"refusals on {b}, by reason")
             rt.add_column("count", justify="right")

@@ -119,7 +119,7 @@ def _bypass(case: Case, index: int, values) -> list[Case]:
     node = case.model.graph.node[index]
     known = {**{k: v for k, v in case.feeds[0].items()}, **values[0],
              **{t.name: numpy_helper.to_array(t) for t in case.model.graph.initializer}}
-    knowns = [dict(known, **f, **v) for f, v in zip(case.feeds, values)]
+    knowns = [{**known, **f, **v} for f, v in zip(case.feeds, values)]
     plan = {}
     for o in node.output:
         if not o:
@@ -224,10 +224,10 @@ def _outputs(case: Case, result: Result) -> list[Case]:
         return []
     order = sorted(outs, key=lambda o: o.name != result.output)
     cands = []
-    for o in order:
+    for keep in [[o] for o in order] + [[o for o in outs if o is not drop] for drop in reversed(order)]:
         m = _copy(case.model)
         del m.graph.output[:]
-        m.graph.output.append(o)
+        m.graph.output.extend(keep)
         cands.append(_prune_feeds(replace(case, model=_dead_code(m))))
     return cands
 
@@ -248,7 +248,7 @@ def check_isolated(case, backend: str, expected=None) -> Result:
     that kills the process (a segfault in compiled code) is ``crash`` ``ProcessDied``."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("fork")  # cheap: egraft is imported already
     mine, theirs = ctx.Pipe(duplex=False)
     plain = Case(case.model, list(case.feeds), list(getattr(case, "bindings", []) or []), getattr(case, "seed", None))
     p = ctx.Process(target=_child, args=(plain, backend, expected, theirs), daemon=True)

@@ -32,6 +32,8 @@ import onnx
 from egraft.errors import EgraftError, UnsupportedOpError
 
 BACKENDS = ("reference", "compiled")
+#: Backends :func:`check` knows: the two above and the compiled one without rewriting.
+ALL_BACKENDS = (*BACKENDS, "compiled-norewrite")
 TOLERANCE = 1e-3
 OUTCOMES = ("ok", "mismatch", "crash", "refusal", "invalid", "ill-conditioned")
 
@@ -150,6 +152,8 @@ def _build(backend: str, model: onnx.ModelProto):
 
     if backend == "reference":
         return egraft.load(model)
+    if backend == "compiled-norewrite":  # tells a rewrite's bug from a kernel's
+        return egraft.compile(model, use_cache=False, rewrite=False)
     return egraft.compile(model, use_cache=False)
 
 
