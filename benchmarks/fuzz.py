@@ -215,6 +215,9 @@ def main() -> None:
         gt.add_row(str(len(s)), g, " ".join(map(str, sorted(s)[:8])) + (" ..." if len(s) > 8 else ""))
     console.print(gt)
 
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tally": {b: dict(t) for b, t in tally.items()},
+                                               "groups": groups, "seeds": records}, default=str) + "\n")
     if args.minimize and groups:
         jobs = [(s, g.split(" ", 1)[0], args.out, args.minimize_seconds, "ProcessDied" in g)
                 for g, ss in groups.items() if "timeout" not in g and "ill-conditioned" not in g
@@ -226,9 +229,6 @@ def main() -> None:
                                                   lambda job, code: (job[0], job[1], "", f"died: {code}")):
             mt.add_row(str(seed), backend, folder, ops)
         console.print(mt)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"tally": {b: dict(t) for b, t in tally.items()},
-                                               "groups": groups, "seeds": records}, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -239,26 +239,45 @@ def _bindings(case: Case, result: Result) -> list[Case]:
     return [replace(case, feeds=[case.feeds[k]], bindings=case.bindings[k:k + 1]) for k in order]
 
 
-def _child(case: Case, backend: str, expected, pipe) -> None:
-    pipe.send(check(case, [backend], expected=expected)[0])
+def _serve(conn) -> None:
+    """The isolated checker's loop: a case and a backend in, its :class:`Result` out."""
+    while True:
+        try:
+            case, backend, expected = conn.recv()
+        except EOFError:
+            return
+        conn.send(check(case, [backend], expected=expected)[0])
+
+
+_checker: list = []  # [process, connection] of the running isolated checker
 
 
 def check_isolated(case, backend: str, expected=None) -> Result:
-    """:func:`~egraft.testing.fuzz.oracle.check` of one backend in a child process: a crash
-    that kills the process (a segfault in compiled code) is ``crash`` ``ProcessDied``."""
+    """:func:`~egraft.testing.fuzz.oracle.check` of one backend in a child process (spawned
+    once and reused): a crash that kills the process (a segfault in compiled code) is
+    ``crash`` ``ProcessDied``. The child is replaced after any failure, so that a heap a
+    failing case corrupted cannot fail the next one."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")  # cheap: egraft is imported already
-    mine, theirs = ctx.Pipe(duplex=False)
+    if not _checker or not _checker[0].is_alive():
+        ctx = multiprocessing.get_context("spawn")  # fork could deadlock on another thread's lock
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_serve, args=(theirs,), daemon=True)
+        p.start()
+        theirs.close()
+        _checker[:] = [p, mine]
+    p, conn = _checker
     plain = Case(case.model, list(case.feeds), list(getattr(case, "bindings", []) or []), getattr(case, "seed", None))
-    p = ctx.Process(target=_child, args=(plain, backend, expected, theirs), daemon=True)
-    p.start()
-    theirs.close()
     try:
-        result = mine.recv()
-    except EOFError:
+        conn.send((plain, backend, expected))
+        result = conn.recv()
+    except (EOFError, OSError):
         result = None
-    p.join()
+    if result is None or result.outcome != "ok":
+        conn.close()
+        p.kill()
+        p.join()
+        _checker.clear()
     if result is None:
         code = p.exitcode
         return Result(backend, "crash", f"ProcessDied: signal {-code if code and code < 0 else code}")
