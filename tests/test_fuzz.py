@@ -15,12 +15,7 @@ from egraft.testing.fuzz.oracle import Result, check, difference, ort_run, refus
 SEEDS = range(50)
 
 #: Seeds that fail because of a known egraft bug, by backend: strict xfails, so a fix shows.
-DUPLICATE_NAMES = ("rewrite/extract: the optimizer names the values it makes v1, v2, ... although the "
-                   "generated graph has values of those names, so two values share one name "
-                   "(test_optimized_value_names_are_unique) and the compiled model reads or writes the wrong "
-                   "buffer")
-KNOWN_BUGS: dict[tuple[str, int], str] = {
-    ("compiled", seed): DUPLICATE_NAMES for seed in (0, 2, 4, 5, 7, 13, 26, 38, 39, 40, 43, 49)}
+KNOWN_BUGS: dict[tuple[str, int], str] = {}
 
 
 def test_generate_is_deterministic():
@@ -96,7 +91,6 @@ def test_minimize_shrinks_to_the_failing_node(monkeypatch, tmp_path):
     ort_run(onnx.load(path), again.feeds)  # the written model runs
 
 
-@pytest.mark.xfail(strict=True, reason="the known rewrite/extract bug of DUPLICATE_NAMES (fuzz seed 7, minimized)")
 def test_optimized_value_names_are_unique():
     """The optimizer names the values it makes v1, v2, ... even when the model has a value
     named v1 (as every generated graph does): two values then share the name."""

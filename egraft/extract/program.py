@@ -76,6 +76,17 @@ def dag_cost(snapshot: Snapshot, choice: dict[int, int], roots: list[int], table
     return sum(table[c][choice[c]] for c in reachable(snapshot, choice, roots))
 
 
+def _body_value_names(graph: Graph) -> set[str]:
+    """Every value name inside the control-flow bodies of ``graph`` (nested ones too)."""
+    names: set[str] = set()
+    for node in graph.nodes:
+        for attr in node.attrs.values():
+            for body in attr if isinstance(attr, list | tuple) else [attr]:
+                if isinstance(body, Graph):
+                    names |= {v.name for v in body.values()} | _body_value_names(body)
+    return names
+
+
 def rebuild_outputs(snapshot: Snapshot) -> list[tuple[int, str, TensorType]]:
     """(e-class, name, type) of every output of the source graph."""
     state = snapshot.state
@@ -103,11 +114,18 @@ def rebuild(snapshot: Snapshot, choice: dict[int, int], outputs: list[tuple[int,
         values[snapshot.ref_class[state.input_refs[v.name]]] = v
         graph.inputs.append(v)
 
+    # New values are named v1, v2...: never a name the graph keeps (its inputs and outputs)
+    # or that a control-flow body uses, which would make two values one.
+    taken = {v.name for v in state.source.inputs} | {out_name for _, out_name, _ in outputs}
+    taken |= _body_value_names(state.source)
+
     def fresh_name(c: int) -> str:
         if c in output_names:
             return output_names[c]
-        counter[0] += 1
-        return f"v{counter[0]}"
+        while True:
+            counter[0] += 1
+            if f"v{counter[0]}" not in taken:
+                return f"v{counter[0]}"
 
     origins: dict[int, str] = {}
     for ref, names in sorted(state.ref_origin.items()):
