@@ -219,32 +219,37 @@ def emit_softmax(ctx: KernelContext, log: bool) -> None:
     ``e = exp(x - max)``, then ``e / sum(e)`` (or ``x - max - log(sum(e))``).
 
     Each of the ``outer * inner`` vectors is three passes over ``n`` elements ``inner``
-    apart (contiguous when the axis is the last).
+    apart (contiguous when the axis is the last). The sum accumulates in double: its
+    rounding then does not depend on the order LLVM adds in, so equal inputs in any
+    order give equal outputs (an ArgMax after a Softmax keeps its ties).
     """
     t = float_type_of(ctx)
     bld, m = ctx.builder, ctx.math
     outer, n, inner = softmax_layout(ctx)
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
-    best, total = ctx.alloca(t, name="max"), ctx.alloca(t, name="sum")
+    wide = ir.DoubleType()
+    best, total = ctx.alloca(t, name="max"), ctx.alloca(wide, name="sum")
     n_ = ctx.dim(n)
     with strided_loops(ctx, [outer, inner], [[sympy.expand(n * inner), 1]]) as (base,):
         bld.store(ir.Constant(t, float("-inf")), best)
         with ctx.loop(n_, name="r0") as r:
             bld.store(m.maximum(bld.load(best), load_at(ctx, x, offset_of(ctx, base, (r, inner)))), best)
-        bld.store(ir.Constant(t, 0.0), total)
+        bld.store(ir.Constant(wide, 0.0), total)
         with ctx.loop(n_, name="r1") as r:
             where = offset_of(ctx, base, (r, inner))
             e = m.exp(bld.fsub(load_at(ctx, x, where), bld.load(best)))
             if not log:
                 store_at(ctx, e, y, where)
-            bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
-        log_total = m.log(bld.load(total)) if log else None
+            e_wide = e if t == wide else bld.fpext(e, wide)
+            bld.store(bld.fadd(bld.load(total), e_wide, flags=REASSOC), total)
+        sum_t = bld.load(total) if t == wide else bld.fptrunc(bld.load(total), t)
+        log_total = m.log(sum_t) if log else None
         with ctx.loop(n_, name="r2") as r:
             where = offset_of(ctx, base, (r, inner))
             if log:
                 store_at(ctx, bld.fsub(bld.fsub(load_at(ctx, x, where), bld.load(best)), log_total), y, where)
             else:
-                store_at(ctx, bld.fdiv(load_at(ctx, y, where), bld.load(total)), y, where)
+                store_at(ctx, bld.fdiv(load_at(ctx, y, where), sum_t), y, where)
 
 
 @register_kernel("Softmax")
