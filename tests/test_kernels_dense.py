@@ -378,3 +378,20 @@ def test_softmax_of_equal_values_in_any_order_is_equal():
         [helper.make_tensor_value_info("y", TensorProto.INT64, None)]), opset_imports=[helper.make_opsetid("", 13)])
     got = compile_graph(egraft.load(model)).run({"x": x})["y"]
     np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x}, exact=True)["y"])
+
+
+def test_layer_normalization_of_a_constant_row_is_exactly_zero():
+    """A constant row's mean is the constant (summed in double): its normalized values are
+    exact zeros as onnxruntime gives them, not rounding noise over sqrt(epsilon) (fuzz seed 1198)."""
+    x = np.full((4, 7), 0.1, np.float32)
+    x[1] = np.linspace(-1, 1, 7)
+    x[3] = 3.3
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.full(7, 2.0, np.float32), "s")]), opset_imports=[helper.make_opsetid("", 17)])
+    want = run_onnxruntime(model, {"x": x}, exact=True)["y"]
+    for got in (egraft.load(model).run({"x": x})["y"], compile_graph(egraft.load(model)).run({"x": x})["y"]):
+        np.testing.assert_array_equal(got[[0, 2, 3]], 0.0)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

@@ -462,9 +462,12 @@ def _layer_norm(ctx, x, scale, bias=None):
     stash_type = ctx.attr("stash_type", 1)
     axes = tuple(range(axis, x.ndim))
     xs = x.astype(_stash_dtype(stash_type), copy=False)
-    mean = xs.mean(axis=axes, keepdims=True)
+    # Sums in float64, then the stash type: a constant row's mean is then the constant
+    # itself, and its centered values exact zeros (not rounding noise over sqrt(eps)).
+    mean = xs.mean(axis=axes, keepdims=True, dtype=np.float64).astype(xs.dtype)
     centered = xs - mean
-    inv_std = 1 / np.sqrt(np.mean(np.square(centered), axis=axes, keepdims=True) + eps)
+    variance = np.mean(np.square(centered), axis=axes, keepdims=True, dtype=np.float64).astype(xs.dtype)
+    inv_std = 1 / np.sqrt(variance + eps)
     work = _work_dtype(x.dtype)
     y = (centered * inv_std).astype(work, copy=False) * scale.astype(work, copy=False)
     if bias is not None:

@@ -265,8 +265,9 @@ def log_softmax(ctx: KernelContext) -> None:
 # ---- LayerNormalization, LayerNorm ------------------------------------------------------------------
 def emit_layer_norm(ctx: KernelContext) -> None:
     """``(x - mean) / sqrt(var + epsilon) * scale + bias`` over the axes ``[axis, rank)``:
-    per row, a mean pass, a variance pass (of the centered values) and an output pass that
-    reads scale and bias with their broadcast strides over the normalized shape."""
+    per row, a mean pass (summed in double), a variance pass (of the centered values) and an
+    output pass that reads scale and bias with their broadcast strides over the normalized
+    shape."""
     t = float_type_of(ctx)
     bld, m = ctx.builder, ctx.math
     shape = ctx.shape(ctx.in_type(0))
@@ -286,13 +287,19 @@ def emit_layer_norm(ctx: KernelContext) -> None:
     eps = ir.Constant(t, float(ctx.attr("epsilon", 1e-5)))
     cols_ = ctx.dim(cols)
     count = _float(ctx, cols_, t)
-    acc = ctx.alloca(t, name="acc")
+    wide = ir.DoubleType()
+    acc, total = ctx.alloca(t, name="acc"), ctx.alloca(wide, name="total")
     with ctx.loop(ctx.dim(rows), name="row") as row:
         base = bld.mul(row, cols_)
-        bld.store(ir.Constant(t, 0.0), acc)
+        # The mean sums in double: a constant row's mean is the constant itself, so its
+        # centered values are exact zeros, not rounding noise divided by sqrt(epsilon).
+        bld.store(ir.Constant(wide, 0.0), total)
         with ctx.loop(cols_, name="c0") as c:
-            bld.store(bld.fadd(bld.load(acc), load_at(ctx, x, bld.add(base, c)), flags=REASSOC), acc)
-        mean = bld.fdiv(bld.load(acc), count)
+            value = load_at(ctx, x, bld.add(base, c))
+            value = value if t == wide else bld.fpext(value, wide)
+            bld.store(bld.fadd(bld.load(total), value, flags=REASSOC), total)
+        mean = bld.fdiv(bld.load(total), _float(ctx, cols_, wide))
+        mean = mean if t == wide else bld.fptrunc(mean, t)
         bld.store(ir.Constant(t, 0.0), acc)
         with ctx.loop(cols_, name="c1") as c:
             d = bld.fsub(load_at(ctx, x, bld.add(base, c)), mean)
