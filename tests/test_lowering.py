@@ -439,3 +439,21 @@ def test_in_place_never_reuses_the_root_of_a_partial_view():
     assert {s.node.op: s.kind for s in compiled.steps}["Slice"] == "view"
     x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-6)
+
+
+def test_a_reshape_to_a_target_from_data_runs_on_its_reference_kernel():
+    """Reshape(x, target) with the target an input: its output dims are fresh symbols only
+    the run binds, so it cannot be a view planned ahead; the steps after it are kernels."""
+    nodes = [helper.make_node("Reshape", ["x", "target"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "data_reshape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [12]),
+                                helper.make_tensor_value_info("target", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    compiled = compile_graph(egraft.load(model))
+    assert {s.node.op: s.kind for s in compiled.steps} == {"Reshape": "fallback", "Relu": "kernel"}
+    x = np.random.default_rng(0).normal(size=12).astype(np.float32)
+    for target in ([3, 4], [6, 2]):
+        feeds = {"x": x, "target": np.array(target, np.int64)}
+        got = compiled.run(feeds)["y"]
+        assert got.shape == tuple(target)
+        np.testing.assert_array_equal(got, run_onnxruntime(model, feeds)["y"])

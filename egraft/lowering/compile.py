@@ -170,6 +170,11 @@ def lower(graph: Graph) -> Lowered:
             steps.append(Step(index, node, "fallback", reason=f"the rank of %{unranked[0].name} is known only at "
                                                               "run time"))
             continue
+        learned = _dims_learned_by(node, input_symbols)
+        if learned:  # e.g. a Reshape to a target computed from data: the reference kernel binds them
+            steps.append(Step(index, node, "fallback", reason=f"dim {learned[0]} is known only once this node has "
+                                                              "run"))
+            continue
         offset = _contiguous_slice(graph, node)
         if (_is_view(graph, node) or offset is not None) and node.outputs[0].name not in output_names:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
@@ -208,6 +213,20 @@ def lower(graph: Graph) -> Lowered:
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from)
+
+
+def _dims_learned_by(node: Node, input_symbols: set[str]) -> list[str]:
+    """Symbols in the node's output types that neither the graph's inputs nor the node's own
+    inputs bind: only running the node tells them (its output shape depends on data)."""
+    known = set(input_symbols)
+    for v in node.inputs:
+        if v is not None and v.type.shape is not None:
+            known |= dim_symbols(v.type.shape)
+    learned: set[str] = set()
+    for v in node.outputs:
+        if v is not None and v.type.shape is not None:
+            learned |= dim_symbols(v.type.shape) - known
+    return sorted(learned)
 
 
 class _StorageGroups:
