@@ -170,13 +170,12 @@ def lower(graph: Graph) -> Lowered:
             steps.append(Step(index, node, "fallback", reason=f"the rank of %{unranked[0].name} is known only at "
                                                               "run time"))
             continue
+        # Output dims only the node's own run binds (a Reshape to a target computed from data):
+        # its reference kernel runs and binds them, unless the generator refuses for a reason of its own.
         learned = _dims_learned_by(node, input_symbols)
-        if learned:  # e.g. a Reshape to a target computed from data: the reference kernel binds them
-            steps.append(Step(index, node, "fallback", reason=f"dim {learned[0]} is known only once this node has "
-                                                              "run"))
-            continue
         offset = _contiguous_slice(graph, node)
-        if (_is_view(graph, node) or offset is not None) and node.outputs[0].name not in output_names:
+        if (_is_view(graph, node) or offset is not None) and node.outputs[0].name not in output_names \
+                and not learned:
             storage[node.outputs[0].name] = storage.get(node.inputs[0].name, node.inputs[0].name)
             sharing.join(storage[node.outputs[0].name], node.outputs[0].name)
             steps.append(Step(index, node, "view", offset=offset or 0))
@@ -199,6 +198,10 @@ def lower(graph: Graph) -> Lowered:
             except Unsupported as e:
                 reason = str(e)
             else:
+                if learned:
+                    steps.append(Step(index, node, "fallback",
+                                      reason=f"dim {learned[0]} is known only once this node has run"))
+                    continue
                 _merge(module, scratch)
                 derived.update(own)
                 packed_from.update(ctx.packed_from)
