@@ -246,7 +246,7 @@ def test_dynamic_quantize_lstm_computes_what_onnxruntime_computes(seq, batch, in
 
     import egraft
     from egraft.lowering.compile import compile_graph
-    from egraft.testing.corpus.compare import ort_session_of
+    from egraft.testing.corpus.compare import judge_session
 
     rng = np.random.default_rng(seq * 100 + hidden)
     num_dir = 2 if direction == "bidirectional" else 1
@@ -273,7 +273,7 @@ def test_dynamic_quantize_lstm_computes_what_onnxruntime_computes(seq, batch, in
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     # One thread: with more, onnxruntime cuts the batch into chunks and quantizes each
     # chunk's hidden state with its own range (its result depends on the thread count).
-    session = ort_session_of(model.SerializeToString())
+    session = judge_session(model)
     want = dict(zip(["y", "y_h", "y_c"], session.run(["y", "y_h", "y_c"], feeds)))
     first = 0 if direction == "forward" else seq - 1  # the step that reads only X and the initial state
     for got in (egraft.load(model).run(feeds), compile_graph(egraft.load(model)).run(feeds)):
@@ -287,4 +287,4 @@ def test_dynamic_quantize_lstm_computes_what_onnxruntime_computes(seq, batch, in
         # a value on a rounding edge may move one quantum (1/255 of the state's range).
         assert np.abs(got["y"] - want["y"]).max() <= 1e-2 * np.abs(want["y"]).max()
     exported = egraft.to_onnx(egraft.load(model))  # exports as onnxruntime's op
-    np.testing.assert_array_equal(ort_session_of(exported.SerializeToString()).run(["y"], feeds)[0], want["y"])
+    np.testing.assert_array_equal(judge_session(exported).run(["y"], feeds)[0], want["y"])

@@ -88,9 +88,19 @@ def compare_outputs(actual: Mapping[str, np.ndarray], reference: Mapping[str, np
     return Comparison(per_output[worst][0] if worst else 0.0, worst, per_output)
 
 
+def judge_session(model):
+    """The judge's session on an ``onnx.ModelProto``: :func:`egraft.testing.bench.ort_session`
+    with basic optimizations on one thread."""
+    from egraft.testing.bench import ort_session as session_of
+
+    return session_of(model, threads=1, exact=True)
+
+
 def ort_session(path: str | Path):
     """An onnxruntime CPU session on ``path``: basic optimizations, one intra-op thread."""
-    return ort_session_of(Path(path).read_bytes())
+    import onnx
+
+    return judge_session(onnx.load(str(path)))
 
 
 def ort_outputs(path: str | Path, feeds: Mapping[str, np.ndarray], session=None) -> dict[str, np.ndarray]:
@@ -131,24 +141,12 @@ def ort_sensitivity(path: str | Path, feeds: Mapping[str, np.ndarray], seeds: in
             array = numpy_helper.to_array(t)
             if array.size > 16:
                 nudged.graph.initializer[k].CopyFrom(numpy_helper.from_array(nudge(array), t.name))
-        session = ort_session_of(nudged.SerializeToString())
+        session = judge_session(nudged)
         names = [o.name for o in session.get_outputs()]
         moved = dict(zip(names, session.run(names, {k: nudge(np.asarray(v)) for k, v in feeds.items()})))
         worst = max(worst, compare_outputs(moved, base).error)
     return worst
 
 
-def ort_session_of(model_bytes: bytes):
-    """:func:`ort_session` of a serialized model."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
-
-
-__all__ = ["SCALE_FLOOR", "output_error", "Comparison", "compare_outputs", "ort_session", "ort_outputs",
-           "ort_sensitivity"]
+__all__ = ["SCALE_FLOOR", "output_error", "Comparison", "compare_outputs", "judge_session", "ort_session",
+           "ort_outputs", "ort_sensitivity"]

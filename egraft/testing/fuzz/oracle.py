@@ -61,14 +61,9 @@ class Result:
 
 def ort_run(model: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """onnxruntime's outputs (basic optimizations, 1 thread) for each of ``feeds``."""
-    import onnxruntime as ort
+    from egraft.testing.bench import ort_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(model, threads=1, exact=True)
     names = [o.name for o in session.get_outputs()]
     return [dict(zip(names, session.run(None, f))) for f in feeds]
 
