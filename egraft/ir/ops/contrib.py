@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from egraft.ir.ops._common import fail, require_shape
-from egraft.ir.ops.recurrent import _LSTM, _check_dim, _num_directions, _recurrent_infer, _run_layer
+from egraft.ir.ops.recurrent import _LSTM, _check_dim, _num_directions, _run_layer, layer_output_types
 from egraft.ir.registry import AttrSpec, register_op
 from egraft.ir.types import TensorType
 
@@ -69,34 +69,17 @@ def _per_direction(value: np.ndarray, d: int) -> np.ndarray:
 
 
 def _dq_lstm_infer(ctx) -> list[TensorType]:
-    w_shape, r_shape = require_shape(ctx, 1), require_shape(ctx, 2)
-    if len(w_shape) != 3 or len(r_shape) != 3:
-        raise fail(ctx, f"W and R must have rank 3, got {list(w_shape)} and {list(r_shape)}")
+    x_shape, w_shape, r_shape = require_shape(ctx, 0), require_shape(ctx, 1), require_shape(ctx, 2)
+    if len(x_shape) != 3 or len(w_shape) != 3 or len(r_shape) != 3:
+        raise fail(ctx, f"X, W and R must have rank 3, got {list(x_shape)}, {list(w_shape)} and {list(r_shape)}")
     hidden = ctx.attr("hidden_size", None)
     hidden = r_shape[1] if hidden is None else int(hidden)
     _check_dim(ctx, "W.shape[0] (num_directions)", w_shape[0], _num_directions(ctx))
+    _check_dim(ctx, "W.shape[1] (input_size)", w_shape[1], x_shape[2])
     _check_dim(ctx, "W.shape[2] (4*hidden_size)", w_shape[2], 4 * hidden)
     _check_dim(ctx, "R.shape[1] (hidden_size)", r_shape[1], hidden)
     _check_dim(ctx, "R.shape[2] (4*hidden_size)", r_shape[2], 4 * hidden)
-    return _recurrent_infer(_LSTM)(_AsLstm(ctx, hidden))
-
-
-class _AsLstm:
-    """The inference context of a DynamicQuantizeLSTM seen as an LSTM's (transposed W, R)."""
-
-    def __init__(self, ctx, hidden):
-        self._ctx = ctx
-        self.node, self.opset = ctx.node, 1
-        w, r = ctx.types[1], ctx.types[2]
-        swap = lambda t: TensorType(ctx.types[0].dtype, (t.shape[0], t.shape[2], t.shape[1]))  # noqa: E731
-        self.types = [ctx.types[0], swap(w), swap(r), *ctx.types[3:8]]
-        self._hidden = hidden
-
-    def attr(self, name, default=None):
-        return self._hidden if name == "hidden_size" else self._ctx.attr(name, default)
-
-    def has_input(self, index: int) -> bool:
-        return index < 8 and self._ctx.has_input(index)
+    return layer_output_types(ctx, _LSTM, hidden)  # the domain's opset is 1: no layout attribute
 
 
 def _dq_lstm(ctx, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None,
@@ -112,18 +95,8 @@ def _dq_lstm(ctx, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c
 
     # The layer reads W and R in LSTM's layout only for their shapes; the products use the ints.
     w_shape, r_shape = np.swapaxes(w, 1, 2), np.swapaxes(r, 1, 2)
-    return _run_layer(_AsLstmRun(ctx), _LSTM, x, w_shape, r_shape, b, sequence_lens, initial_h, initial_c, p,
+    return _run_layer(ctx, _LSTM, x, w_shape, r_shape, b, sequence_lens, initial_h, initial_c, p,
                       products=products)
-
-
-class _AsLstmRun:
-    """The run context of a DynamicQuantizeLSTM seen as an LSTM's (no ``layout``)."""
-
-    def __init__(self, ctx):
-        self._ctx, self.opset = ctx, 1
-
-    def attr(self, name, default=None):
-        return default if name == "layout" else self._ctx.attr(name, default)
 
 
 register_op(

@@ -163,8 +163,6 @@ def _recurrent_infer(kind: _Kind):
         x_shape = require_shape(ctx, 0)
         if len(x_shape) != 3:
             raise fail(ctx, f"X must have rank 3, got shape {list(x_shape)}")
-        layout = _layout(ctx)
-        seq, batch = (x_shape[1], x_shape[0]) if layout else (x_shape[0], x_shape[1])
         num_dir = _num_directions(ctx)
         hidden = _hidden_size(ctx, kind)
         w_shape = require_shape(ctx, 1)
@@ -183,20 +181,30 @@ def _recurrent_infer(kind: _Kind):
             if len(b_shape) != 2:
                 raise fail(ctx, f"B must have rank 2, got shape {list(b_shape)}")
             _check_dim(ctx, f"B.shape[1] ({2 * kind.gates}*hidden_size)", b_shape[1], 2 * kind.gates * hidden)
-        try:
-            _activation_names(ctx, kind, num_dir)
-        except ValueError as e:
-            raise fail(ctx, str(e)) from None
-        dtype = ctx.types[0].dtype
-        if layout:
-            y = TensorType(dtype, (batch, seq, num_dir, hidden))
-            state = TensorType(dtype, (batch, num_dir, hidden))
-        else:
-            y = TensorType(dtype, (seq, num_dir, batch, hidden))
-            state = TensorType(dtype, (num_dir, batch, hidden))
-        return [y] + [state] * (kind.num_outputs - 1)
+        return layer_output_types(ctx, kind, hidden)
 
     return infer
+
+
+def layer_output_types(ctx, kind: _Kind, hidden) -> list[TensorType]:
+    """``Y`` and the final states of a layer over input 0 (after its weights are checked);
+    the activations are checked too."""
+    x_shape = require_shape(ctx, 0)
+    layout = _layout(ctx)
+    seq, batch = (x_shape[1], x_shape[0]) if layout else (x_shape[0], x_shape[1])
+    num_dir = _num_directions(ctx)
+    try:
+        _activation_names(ctx, kind, num_dir)
+    except ValueError as e:
+        raise fail(ctx, str(e)) from None
+    dtype = ctx.types[0].dtype
+    if layout:
+        y = TensorType(dtype, (batch, seq, num_dir, hidden))
+        state = TensorType(dtype, (batch, num_dir, hidden))
+    else:
+        y = TensorType(dtype, (seq, num_dir, batch, hidden))
+        state = TensorType(dtype, (num_dir, batch, hidden))
+    return [y] + [state] * (kind.num_outputs - 1)
 
 
 # ---- cells: one time step, all batch entries at once ---------------------------------------------
