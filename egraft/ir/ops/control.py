@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from egraft.ir.dims import Dim, dims_equal
+from egraft.ir.dims import Dim, dim_symbols, dims_equal, sym
 from egraft.ir.dtypes import DType
 from egraft.ir.graph import Graph
 from egraft.ir.ops._common import fail, normalize_axis
@@ -96,15 +96,13 @@ def _split_captures(ctx: RunContext, args: Sequence) -> tuple[list, dict[str, np
     return list(args[:k]), dict(zip(names, args[k:]))
 
 
-def _type_symbols(t: TensorType | None) -> set:
-    if t is None or t.shape is None:
-        return set()
-    return {s for d in t.shape if not isinstance(d, int) for s in d.free_symbols}
+def _type_symbols(t: TensorType | None) -> set[str]:
+    return set() if t is None or t.shape is None else dim_symbols(t.shape)
 
 
-def _graph_symbols(body: Graph) -> set:
-    """Every symbol in the types of ``body``'s values, nested bodies included."""
-    found: set = set()
+def _graph_symbols(body: Graph) -> set[str]:
+    """The name of every symbol in the types of ``body``'s values, nested bodies included."""
+    found: set[str] = set()
     for v in body.values():
         found |= _type_symbols(v.type)
     for node in body.nodes:
@@ -139,9 +137,9 @@ def _without_body_local_dims(ctx, types: list[TensorType | None], bodies: Sequen
         if t is None or not (_type_symbols(t) & local):
             out.append(t)
             continue
-        for s in sorted(_type_symbols(t) & local, key=str):
-            if s not in renamed:
-                renamed[s] = ctx.fresh_dim()
+        for name in sorted(_type_symbols(t) & local):
+            if sym(name) not in renamed:
+                renamed[sym(name)] = ctx.fresh_dim()
         out.append(TensorType(t.dtype, tuple(d if isinstance(d, int) else d.xreplace(renamed) for d in t.shape)))
     return out
 
