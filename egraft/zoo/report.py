@@ -60,12 +60,14 @@ code { background: #f3f3f3; padding: 0 0.25em; border-radius: 3px; }
 .meta, .caption, .note { color: #555; }
 .caption { font-size: 0.9em; margin-top: 0.2em; }
 nav a { margin-right: 1em; }
+.wide { overflow-x: auto; }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
 th, td { border: 1px solid #bbb; padding: 0.25em 0.5em; vertical-align: top; }
 th { background: #eef1f4; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.nowrap { white-space: nowrap; }
-td.err { max-width: 32em; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.85em; }
+td.err { min-width: 18em; max-width: 28em; overflow-wrap: anywhere; font-size: 0.85em;
+         font-family: ui-monospace, Menlo, Consolas, monospace; }
 .stage { color: #666; }
 .badge { display: inline-block; padding: 0 0.4em; border-radius: 3px; font-size: 0.85em; font-weight: 600; }
 .status-ok .badge, .badge.status-ok { background: #d8f3dc; color: #1b4332; }
@@ -437,7 +439,8 @@ def _e(text) -> str:
 
 def _html_table(header: list[str], rows: list[str], cls: str) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    return f'<table class="{cls}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(rows) + "\n</tbody></table>"
+    return (f'<div class="wide"><table class="{cls}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(rows)
+            + "\n</tbody></table></div>")
 
 
 def _html_summary(summaries: list[dict]) -> str:
