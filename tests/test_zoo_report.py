@@ -7,6 +7,8 @@ from __future__ import annotations
 import doctest
 import math
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from egraft.errors import EgraftError
 from egraft.zoo import diff as diff_module
 from egraft.zoo import report as report_module
 from egraft.zoo.diff import diff_runs, geomean, regressions
-from egraft.zoo.report import fmt_speedup, render_html, render_markdown, write_report
+from egraft.zoo.report import FASTER_COLOUR, SLOWER_COLOUR, fmt_speedup, render_html, render_markdown, write_report
 from egraft.zoo.store import ZooStore
 
 ERROR_TEXT = 'compile failed: <script>alert("x")</script> in [brackets] | pipe & more ' + "x" * 150
@@ -262,3 +264,42 @@ def test_write_report_and_markdown_twin(store, tmp_path):
     for model in ("alexnet", "fresh"):
         assert f"| {model} |" in compare
     assert "ok → error" in compare and "missing → ok" in compare
+
+
+# ---- the page in a real browser ----------------------------------------------------------------------
+def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
+    cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           f"--user-data-dir={profile}", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}"
+    return done
+
+
+def _pixels_of(image: np.ndarray, colour: str, tolerance: float = 6 / 255) -> int:
+    want = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+    return int(np.all(np.abs(image[..., :3] - want) <= tolerance, axis=-1).sum())
+
+
+def test_report_renders_in_headless_chromium(store, tmp_path):
+    if shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed: apt-get install chromium")
+    import matplotlib.image
+
+    html_path, _ = write_report(store, ["base", "next"], tmp_path / "report.html")
+    url = html_path.resolve().as_uri()
+    dom = _chromium("--dump-dom", url, profile=tmp_path / "profile-dom").stdout
+    for table in ("summary", "models", "diff"):
+        assert f'<table class="{table}">' in dom
+    assert len(_table_rows(dom, "models")) == len(RUN_A) and len(_table_rows(dom, "diff")) == len(MODELS_ALL)
+    assert dom.count("<svg") == 5
+    assert "<script" not in dom.lower()
+
+    png = tmp_path / "report.png"
+    _chromium(f"--screenshot={png}", "--window-size=1280,2000", url, profile=tmp_path / "profile-shot")
+    image = matplotlib.image.imread(png)
+    assert image.shape[:2] == (2000, 1280)
+    inked = np.any(image[..., :3] < 0.95, axis=-1).mean()
+    assert inked > 0.05, f"the screenshot is almost blank: {inked:.1%} of its pixels are not white"
+    # the speed-up chart's bars (alexnet and crashy faster than onnxruntime, two models slower)
+    assert _pixels_of(image, FASTER_COLOUR) > 500, "no bar of the speed-up chart in the screenshot"
+    assert _pixels_of(image, SLOWER_COLOUR) > 500
