@@ -10,6 +10,7 @@ the one-line error, model names, ``--shape``, inputs, output paths); this module
 - :mod:`egraft.cli.compile`: ``compile``, ``bench``, ``profile``
 - :mod:`egraft.cli.rules`: ``rules list``, ``rules check``
 - :mod:`egraft.cli.cache`: ``cache show``, ``cache clear``
+- :mod:`egraft.cli.zoo`: ``zoo run``, ``zoo show``, ``zoo runs``, ``zoo report``, ``zoo diff``
 
 Every command that takes a MODEL accepts a path to an ``.onnx`` file or the name of a
 model bundled with the onnx package (``resnet50``, ``squeezenet``...). Bad input exits
@@ -25,7 +26,7 @@ import sys
 
 import typer
 
-from egraft.cli import cache, compile, conformance, model, plan, rules
+from egraft.cli import cache, compile, conformance, model, plan, rules, zoo
 
 app = typer.Typer(
     help="egraft: an equality-saturation compiler for ONNX models.",
@@ -43,6 +44,7 @@ app.command("compile")(compile.compile_command)
 app.command()(compile.bench)
 app.command()(compile.profile)
 app.add_typer(cache.cache_app, name="cache")
+app.add_typer(zoo.zoo_app, name="zoo")
 app.command()(plan.plan)
 app.command()(plan.diff)
 app.command()(plan.explain)

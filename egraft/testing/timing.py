@@ -43,3 +43,36 @@ def interleaved_medians_ms(fns: dict[str, Callable[[], object]], repeat: int, wa
             fn()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def alternating_blocks_ms(fns: dict[str, Callable[[], object]], budget_s: float = 2.0, rounds: int = 5,
+                          max_block: int = 50) -> dict[str, float]:
+    """Milliseconds each of ``fns`` takes, timed in alternating blocks: ``k`` calls of the
+    first, then ``k`` of the next, ..., for ``rounds`` rounds; the median of every timed call
+    per name. ``k`` is chosen from one untimed warm call of each so that the whole takes
+    about ``budget_s`` (at least 1, at most ``max_block``).
+
+    Blocks rather than single calls in turn: onnxruntime's pool threads spin for a while
+    after a run and steal a core from whatever runs right after it; within a block each
+    engine pays that only once.
+
+    Example:
+        >>> sorted(alternating_blocks_ms({"a": lambda: None, "b": lambda: None}, budget_s=0.01))
+        ['a', 'b']
+    """
+    first = {}
+    for name, fn in fns.items():
+        fn()  # warm-up: first-call costs (arena allocation, lazy init)
+        start = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - start
+    per_round = max(sum(first.values()), 1e-6)
+    block = max(1, min(max_block, int(budget_s / rounds / per_round)))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(block):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}

@@ -47,6 +47,7 @@ DEFAULT_TOLERANCE = 1e-3
 _DTYPES = {
     "float32": np.float32,
     "float16": np.float16,
+    "float64": np.float64,
     "int64": np.int64,
     "int32": np.int32,
     "bool": np.bool_,
@@ -316,8 +317,14 @@ def make_feeds(e: Entry, binding: Binding | int = 0, seed: int = 0) -> dict[str,
     """
     if isinstance(binding, int):
         binding = e.bindings[binding]
+    return feeds_from_specs(e.inputs, binding, seed)
+
+
+def feeds_from_specs(inputs: Iterable[InputSpec], binding: Binding, seed: int = 0) -> dict[str, np.ndarray]:
+    """Arrays for ``inputs`` at ``binding``, each filled per its spec (what
+    :func:`make_feeds` does for a corpus entry; ``egraft zoo`` uses it for any model)."""
     feeds: dict[str, np.ndarray] = {}
-    for index, spec in enumerate(e.inputs):
+    for index, spec in enumerate(inputs):
         rng = np.random.default_rng([seed, index])
         shape = spec.concrete_shape(binding.dims)
         dtype = _DTYPES[spec.dtype]
@@ -354,6 +361,7 @@ __all__ = [
     "model_path",
     "fetch",
     "make_feeds",
+    "feeds_from_specs",
     "Comparison",
     "compare_outputs",
     "ort_outputs",
