@@ -1,11 +1,12 @@
 """Running one model in its own OS process, so that nothing it does can take the batch down.
 
-:func:`run_isolated` starts ``python -m egraft.zoo.job`` in a new session (its own process
-group), with the task in a JSON file and the result coming back in another; stdout goes
-nowhere and stderr to a file whose tail explains a crash. The child caps its own address
-space (``--max-memory``, RLIMIT_AS: an allocation past it is a ``MemoryError``, an
-``error`` row) and asks the kernel to kill it when its supervisor dies (PR_SET_PDEATHSIG),
-so a ``kill -9`` of ``egraft zoo run`` leaves no model running. After ``timeout`` seconds
+:func:`run_isolated` starts a Python process in a new session (its own process group)
+that runs :mod:`egraft.zoo.job`, with the task in a JSON file and the result coming back
+in another; stdout goes nowhere and stderr to a file whose tail explains a crash. Before
+it imports anything heavy, the child asks the kernel to kill it when its supervisor dies
+(PR_SET_PDEATHSIG), so a ``kill -9`` of ``egraft zoo run`` leaves no model running, and
+caps its address space (``--max-memory``, RLIMIT_AS: an allocation past it is a
+``MemoryError``, an ``error`` row). After ``timeout`` seconds
 the whole process group is killed (``timeout``). A child that dies of a signal is
 ``crashed`` with the signal's name; one that exits without a result is ``crashed`` with
 its exit code and the last line of its stderr.
@@ -33,6 +34,22 @@ import time
 from pathlib import Path
 
 from egraft.zoo.store import now_iso
+
+#: The child's first lines, before anything heavy is imported: die with the supervisor
+#: (PR_SET_PDEATHSIG; exit at once if it is already gone), cap the address space, then run
+#: :mod:`egraft.zoo.job`.
+_LAUNCHER = """\
+import ctypes, os, resource, runpy, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+if os.getppid() != int(os.environ["EGRAFT_ZOO_PARENT"]):
+    os._exit(1)
+cap = os.environ.get("EGRAFT_ZOO_MAX_MEMORY_GB")
+if cap:
+    limit = int(float(cap) * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+sys.argv = ["egraft.zoo.job", *sys.argv[1:]]
+runpy.run_module("egraft.zoo.job", run_name="__main__", alter_sys=True)
+"""
 
 _running: set[subprocess.Popen] = set()
 _running_lock = threading.Lock()
@@ -88,7 +105,7 @@ def run_isolated(model: dict, settings: dict, timeout: float, host: str | None =
         if settings.get("max_memory_gb"):
             env["EGRAFT_ZOO_MAX_MEMORY_GB"] = f"{settings['max_memory_gb']:g}"
         with open(stderr, "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "egraft.zoo.job", str(task), str(result)],
+            proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(task), str(result)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     env=env, start_new_session=True)
         with _running_lock:

@@ -16,17 +16,15 @@ prerequisites join them: ``check`` and ``bench`` need ``compile``, which needs `
 
 A failure stops the stages: the row says which stage and the error's type and message.
 
-Run by :mod:`egraft.zoo.isolate` as ``python -m egraft.zoo.job TASK.json RESULT.json``;
+Run by :mod:`egraft.zoo.isolate` (``python -m egraft.zoo.job TASK.json RESULT.json``, after
+the limits are set);
 :func:`run_job` is the same thing in this process (tests use it on small models).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import resource
-import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -172,13 +170,18 @@ def run_job(spec: dict, settings: dict) -> tuple[dict, str | None]:
             medians = alternating_blocks_ms({"egraft": lambda: compiled.run(feeds),
                                              "onnxruntime": lambda: session.run(None, feeds)},
                                             budget_s=settings.get("bench_seconds", 2.0))
-            row.update(egraft_ms=round(medians["egraft"], 4), onnxruntime_ms=round(medians["onnxruntime"], 4),
-                       speedup=round(medians["onnxruntime"] / medians["egraft"], 4))
+            row.update(egraft_ms=_sig(medians["egraft"]), onnxruntime_ms=_sig(medians["onnxruntime"]),
+                       speedup=_sig(medians["onnxruntime"] / medians["egraft"]))
     except MemoryError as err:
         row.update(status="error", stage=stage, error=f"MemoryError: out of memory{_memory_note(err)}")
     except Exception as err:
         row.update(status="error", stage=stage, error=_describe(err))
     return row, plan
+
+
+def _sig(x: float, digits: int = 6) -> float:
+    """``x`` to ``digits`` significant digits (a 5 µs latency keeps its precision)."""
+    return float(f"{x:.{digits}g}")
 
 
 def _memory_note(err: MemoryError) -> str:
@@ -187,28 +190,11 @@ def _memory_note(err: MemoryError) -> str:
     return detail + (f" under --max-memory {cap} GB" if cap else "")
 
 
-def _limit_self(max_memory_gb: float | None) -> None:
-    """Cap this process's address space and die with its parent (a ``kill -9`` of the
-    supervisor must not leave models running)."""
-    if max_memory_gb:
-        limit = int(max_memory_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-    parent = os.environ.get("EGRAFT_ZOO_PARENT")
-    if parent and os.getppid() != int(parent):  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def main(argv: list[str]) -> int:
     """``python -m egraft.zoo.job TASK.json RESULT.json``: read the task, run it, write the
     result (``{"row": ..., "plan": ...}``) atomically; exit 0 whatever the model did."""
     task_path, result_path = Path(argv[0]), Path(argv[1])
     task = json.loads(task_path.read_text())
-    _limit_self(task["settings"].get("max_memory_gb"))
     row, plan = run_job(task["model"], task["settings"])
     partial = result_path.with_suffix(".partial")
     partial.write_text(json.dumps({"row": row, "plan": plan}))

@@ -62,6 +62,7 @@ class ZooSettings:
         for path in self.rules:
             if not Path(path).is_file():
                 raise EgraftError(f"--rules {path}: no such file")
+        self.rules = [str(Path(p).resolve()) for p in self.rules]  # Dask workers run elsewhere
 
     def as_dict(self) -> dict:
         return asdict(self)

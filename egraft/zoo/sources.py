@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from egraft.errors import EgraftError
@@ -190,6 +190,7 @@ def resolve_sources(sources: Sequence[str], say: Callable[[str], None] = lambda 
         else:
             raise EgraftError(f"{source}: not a folder, an .onnx file, a .toml manifest, 'corpus[:fast|:NAME]', "
                               f"'bundled' or a bundled model ({', '.join(LIGHT_MODELS)})")
+    models = [replace(m, path=m.path.resolve()) for m in models]  # Dask workers run elsewhere
     seen: dict[str, ZooModel] = {}
     for m in models:
         if m.name in seen:
