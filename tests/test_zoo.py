@@ -270,6 +270,11 @@ def test_keys_keep_finished_rows_and_settings_or_force_recompute(tmp_path):
         first["nodes_after"]
     assert zoo(*base, "--rules-off", "fusion", "--force", cwd=tmp_path).returncode == 0
     assert row()["process"] != nofusion["process"] and row()["key"] == nofusion["key"]
+    plan = zoo("show", "r", "--db", str(db), "--plan", "mlp", cwd=tmp_path)
+    assert plan.returncode == 0 and len(json.loads(plan.stdout)["graph"]["nodes"]) == row()["nodes_after"]
+    report = zoo("report", "r", "--db", str(db), "-o", "out/report.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "mlp" in (tmp_path / "out" / "report.html").read_text() and (tmp_path / "out" / "report.md").exists()
 
 
 def test_two_zoo_runs_write_one_database_at_once(tmp_path):
@@ -325,6 +330,11 @@ def test_dask_runs_rows_on_both_workers_of_a_real_cluster(tmp_path):
         assert {int(w.rsplit(":", 1)[1]) for w in workers} == pids, (workers, pids)
         for r in rows.values():
             assert r["process"] != r["worker"]  # the model ran in its own process under the worker
+        by_env = subprocess.run([*EGRAFT, "zoo", "run", "m0.onnx", "--db", str(db), "--name", "env",
+                                 "--stages", "optimize"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                                env=dict(os.environ, DASK_SCHEDULER_ADDRESS=address))
+        assert by_env.returncode == 0 and f"on the Dask cluster at {address}" in by_env.stderr
+        assert int(show(db, "env")["m0"]["worker"].rsplit(":", 1)[1]) in pids
     finally:
         for p in reversed(procs):
             p.terminate()

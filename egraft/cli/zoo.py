@@ -243,16 +243,28 @@ def show_command(
     run: Annotated[str | None, typer.Argument(help="The run (default: the one written last).")] = None,
     db: DbOption = DEFAULT_DB,
     as_json: Annotated[bool, typer.Option("--json", help="A JSON array, one object per model.")] = False,
+    plan: Annotated[str | None, typer.Option(
+        "--plan", help="Print the plan the optimize stage stored for this model (JSON, as egraft plan writes it).")]
+        = None,
 ) -> None:
-    """The rows of a run: a table, or JSON for scripts.
+    """The rows of a run: a table, or JSON for scripts; or one model's stored plan.
 
-    Example: egraft zoo show nightly --json
+    Examples: egraft zoo show nightly --json; egraft zoo show nightly --plan resnet50 > resnet50.plan.json
     """
     try:
         store = _store(db)
         run = run or store.latest_run()
         info = store.run(run)
         rows = store.rows(run)
+        if plan is not None:
+            if plan not in {r["model"] for r in rows}:
+                raise EgraftError(f"run {run!r} has no model {plan!r}; its models: "
+                                  f"{', '.join(r['model'] for r in rows)}")
+            document = store.plan(run, plan)
+            if document is None:
+                raise EgraftError(f"run {run!r} stored no plan for {plan!r} (its optimize stage did not finish)")
+            print(json.dumps(document, indent=2))
+            return
     except EgraftError as e:
         raise fail(str(e)) from None
     if as_json:
