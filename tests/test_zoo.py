@@ -156,6 +156,29 @@ def test_zoo_run_classifies_corrupt_endless_and_huge_models_and_finishes_the_res
     assert rows["embedding"]["bindings"] == {"batch": 3, "seq": 5}
     assert rows["mlp"]["rules"], "the mlp's MatMul+Add fuse: some rule fired"
     assert "1 of 5 ok" not in done.stdout and "2 of 5 ok" in done.stdout
+    # More memory: only the model that ran out of it runs again; the timeout stays (12 s).
+    again = zoo("run", str(folder), "--db", str(db), "--name", "mixed", "--jobs", "2", "--timeout", "12",
+                "--max-memory", "5", "--bench-seconds", "0.2", "--shape", "batch=3", "--shape", "seq=5", cwd=tmp_path)
+    assert again.returncode == 1 and "1 to run" in again.stderr and "4 finished and kept" in again.stderr
+    rerun = show(db, "mixed")
+    assert rerun["huge_intermediate"]["process"] != huge["process"]
+    assert rerun["huge_intermediate"]["limits"]["max_memory_gb"] == 5
+    assert all(rerun[m]["process"] == rows[m]["process"] for m in rows if m != "huge_intermediate")
+
+
+def test_a_raised_limit_reruns_only_the_rows_that_hit_it():
+    from egraft.zoo.run import ZooSettings, hit_a_raised_limit
+
+    settings = ZooSettings(timeout=100, max_memory_gb=8)
+    timeout = {"status": "timeout", "limits": {"timeout": 60, "max_memory_gb": 8}}
+    oom = {"status": "error", "error": "MemoryError: out of memory", "limits": {"timeout": 100, "max_memory_gb": 4}}
+    killed = {"status": "crashed", "error": "killed by SIGKILL", "limits": {"timeout": 100, "max_memory_gb": 4}}
+    other = {"status": "error", "error": "ModelError: not a valid ONNX model", "limits": {"timeout": 1,
+                                                                                         "max_memory_gb": 1}}
+    assert hit_a_raised_limit(timeout, settings) and hit_a_raised_limit(oom, settings)
+    assert hit_a_raised_limit(killed, settings) and not hit_a_raised_limit(other, settings)
+    assert not hit_a_raised_limit(timeout, ZooSettings(timeout=60)) and not hit_a_raised_limit(
+        oom, ZooSettings(max_memory_gb=4))
 
 
 def exp_matmul(drop_exp: bool = False) -> onnx.ModelProto:

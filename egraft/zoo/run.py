@@ -4,9 +4,11 @@ cluster), and writing each row to the store the moment it finishes.
 Keys: a row is skipped on a rerun of the same run name when its key is unchanged. The key
 is the SHA-256 of the model file's bytes, the model's description (inputs, bindings,
 tolerance), the contents of the extra rule files, every setting that can change a row
-(stages, threads, rule sets off, cost model, extractor, ``--shape``, timeout, memory cap,
-bench time) and egraft's own source (:func:`egraft.compile_cache._source_digest`: an
-edited egraft recomputes everything). ``force`` recomputes every model.
+(stages, threads, rule sets off, cost model, extractor, ``--shape``, bench time) and
+egraft's own source (:func:`egraft.compile_cache._source_digest`: an edited egraft
+recomputes everything). The limits (timeout, memory cap) are not in it: a rerun with a
+larger one recomputes only the rows that hit the smaller one. ``force`` recomputes every
+model.
 
 Executors: ``jobs`` threads here, each supervising one model process at a time
 (:func:`egraft.zoo.isolate.run_isolated`); or, given a Dask scheduler address, one task
@@ -90,12 +92,31 @@ def file_sha256(path: Path) -> str | None:
     return h.hexdigest()
 
 
+#: Settings outside the key: a row keeps its limits (``limits``), and a rerun with a larger
+#: one recomputes the rows that hit them (:func:`hit_a_raised_limit`).
+LIMITS = ("timeout", "max_memory_gb")
+
+
+def hit_a_raised_limit(row: dict, settings: ZooSettings) -> bool:
+    """Whether a finished row ran out of a limit that ``settings`` now raises: a
+    ``timeout`` under a shorter ``--timeout``, or an out-of-memory (``MemoryError``, or a
+    SIGKILL) under a smaller ``--max-memory``."""
+    limits = row.get("limits") or {}
+    if row["status"] == "timeout":
+        return (limits.get("timeout") or 0) < settings.timeout
+    error = row.get("error") or ""
+    if row["status"] in ("error", "crashed") and ("MemoryError" in error or "SIGKILL" in error):
+        was, now = limits.get("max_memory_gb"), settings.max_memory_gb
+        return was is not None and (now is None or was < now)
+    return False
+
+
 def job_key(model: ZooModel, sha256: str | None, settings: ZooSettings) -> str:
     """The content hash that decides whether a finished row can be kept (module docstring)."""
     from egraft.compile_cache import _source_digest
 
     described = {"inputs": model.inputs, "bindings": model.bindings, "tolerance": model.tolerance}
-    settings_part = {k: v for k, v in settings.as_dict().items() if k != "rules"}
+    settings_part = {k: v for k, v in settings.as_dict().items() if k not in ("rules", *LIMITS)}
     text = json.dumps({"model": sha256, "described": described, "rules": settings.rule_digests(),
                        "settings": settings_part, "egraft": _source_digest()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -126,6 +147,10 @@ def _dask(todo: Sequence[ZooModel], job_settings: dict, timeout: float, address:
     except (OSError, TimeoutError, ValueError) as e:
         raise EgraftError(f"--dask {address}: cannot reach the scheduler ({e})") from None
     try:
+        try:
+            client.wait_for_workers(1, timeout=60)
+        except TimeoutError:
+            raise EgraftError(f"--dask {address}: the scheduler has no workers (waited 60 s)") from None
         workers = client.scheduler_info().get("workers", {})
         say(f"Dask scheduler {address}: {len(workers)} worker(s)")
         futures = {client.submit(run_isolated, m.spec(), job_settings, timeout, pure=False,
@@ -166,7 +191,7 @@ def run_zoo(models: Sequence[ZooModel], settings: ZooSettings, store: ZooStore, 
         sha = file_sha256(m.path)
         key = job_key(m, sha, settings)
         keys[m.name] = (key, sha)
-        if not force and finished.get(m.name) == key:
+        if not force and finished.get(m.name) == key and not hit_a_raised_limit(kept[m.name], settings):
             skipped.append(kept[m.name])
         elif m.problem or sha is None:
             stamp = now_iso()
@@ -191,7 +216,8 @@ def run_zoo(models: Sequence[ZooModel], settings: ZooSettings, store: ZooStore, 
     for m, outcome in runs:
         key, sha = keys[m.name]
         plan = outcome.pop("plan", None)
-        row = {"model": m.name, "source": str(m.path), "sha256": sha, "key": key, **outcome}
+        row = {"model": m.name, "source": str(m.path), "sha256": sha, "key": key, **outcome,
+               "limits": {"timeout": settings.timeout, "max_memory_gb": settings.max_memory_gb}}
         store.put(name, row, plan)
         if on_row:
             on_row(row, False)
@@ -199,4 +225,4 @@ def run_zoo(models: Sequence[ZooModel], settings: ZooSettings, store: ZooStore, 
     return [rows[m.name] for m in models if m.name in rows]
 
 
-__all__ = ["ZooSettings", "run_zoo", "job_key", "file_sha256"]
+__all__ = ["ZooSettings", "run_zoo", "job_key", "file_sha256", "hit_a_raised_limit", "LIMITS"]
