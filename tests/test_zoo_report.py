@@ -139,7 +139,9 @@ def test_geomean():
 
 
 def test_docstring_examples():
-    for module in (diff_module, report_module):
+    from egraft.zoo import charts as charts_module
+
+    for module in (diff_module, report_module, charts_module):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

@@ -9,7 +9,8 @@ The pipeline, one module each:
 - :mod:`egraft.zoo.isolate`: that process: timeout, memory cap, crash classification;
 - :mod:`egraft.zoo.run`: keys, resume, the local and Dask executors;
 - :mod:`egraft.zoo.store`: the SQLite result store;
-- :mod:`egraft.zoo.report` and :mod:`egraft.zoo.diff`: the HTML/Markdown report and run diffs.
+- :mod:`egraft.zoo.report` (and its :mod:`egraft.zoo.charts`) and :mod:`egraft.zoo.diff`:
+  the HTML/Markdown report and run diffs.
 
 Example:
     >>> from egraft.zoo import ZooSettings, ZooStore, resolve_sources, run_zoo   # doctest: +SKIP

@@ -1,7 +1,7 @@
 """The zoo report: one self-contained HTML page (and its Markdown twin) for runs of a store.
 
 The page needs no network and no JavaScript: its style is inline and its charts are
-inline SVG drawn by matplotlib (imported only here, when a report is made). It holds, for
+inline SVG (:mod:`egraft.zoo.charts`, matplotlib imported only when a chart is drawn). It holds, for
 the first run given: a summary (settings, statuses, the geometric-mean speed-up against
 onnxruntime, time spent), a table of every model, and charts of the speed-ups, the time
 per stage, the rules that fired and the cost model's predictions; each later run is then
@@ -21,33 +21,32 @@ Example:
 from __future__ import annotations
 
 import html
-import io
 import json
 import math
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from egraft.errors import EgraftError
+from egraft.zoo.charts import (
+    COMPILE_COLOUR,
+    FASTER_COLOUR,
+    OPTIMIZE_COLOUR,
+    SLOWER_COLOUR,
+    finite_number,
+    one_line,
+    positive_number,
+    predicted_chart,
+    ratio_chart,
+    rules_chart,
+    shorten,
+    speedup_chart,
+    stages_chart,
+)
 from egraft.zoo.diff import diff_runs, geomean
 from egraft.zoo.store import STATUSES, RunInfo, ZooStore
 
-#: Bar colours of the speed-up and speed-ratio charts: at or above 1 (egraft, or run B, is
-#: faster) and below 1.
-FASTER_COLOUR = "#2a9d8f"
-SLOWER_COLOUR = "#e76f51"
-#: The stacked bars of the time-per-stage chart.
-OPTIMIZE_COLOUR = "#264653"
-COMPILE_COLOUR = "#e9c46a"
-#: The heat map shows at most this many rules (the most applied ones).
-MAX_HEATMAP_RULES = 40
 #: Error texts longer than this are cut in the tables (the full text is the cell's tooltip).
 ERROR_CHARS = 120
-#: Labels of the charts' axes are cut to this many characters.
-LABEL_CHARS = 40
-#: Points of the predicted-vs-measured chart are labelled with their model up to this many.
-MAX_POINT_LABELS = 30
-
 NONE = "–"
 
 _STYLE = """
@@ -97,18 +96,6 @@ def _load(store: ZooStore, runs: list[str]) -> list[tuple[RunInfo, list[dict]]]:
     return [(store.run(name), store.rows(name)) for name in runs]
 
 
-def _number(v) -> float | None:
-    """``v`` when it is a finite number (not a bool), else None."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return v
-
-
-def _positive(v) -> float | None:
-    v = _number(v)
-    return v if v is not None and v > 0 else None
-
-
 def _status_class(status) -> str:
     return f"status-{status}" if status in STATUSES else "status-other"
 
@@ -121,10 +108,10 @@ def summarize(info: RunInfo, rows: list[dict]) -> dict:
     counts = {s: 0 for s in STATUSES}
     for r in rows:
         counts[r.get("status") or "?"] = counts.get(r.get("status") or "?", 0) + 1
-    speedups = [s for s in (_positive(r.get("speedup")) for r in rows) if s is not None]
+    speedups = [s for s in (positive_number(r.get("speedup")) for r in rows) if s is not None]
 
     def total(field):
-        values = [v for v in (_number(r.get(field)) for r in rows) if v is not None]
+        values = [v for v in (finite_number(r.get(field)) for r in rows) if v is not None]
         return math.fsum(values) if values else None
 
     return {"name": info.name, "created": info.created, "updated": info.updated, "settings": info.settings,
@@ -135,48 +122,39 @@ def summarize(info: RunInfo, rows: list[dict]) -> dict:
 # ---- formatting (shared by HTML and Markdown) -------------------------------------------------------
 def fmt_speedup(v) -> str:
     """A speed-up or a speed ratio as the report prints it: ``1.234×``."""
-    v = _number(v)
+    v = finite_number(v)
     return NONE if v is None else f"{v:.3f}×"
 
 
 def _fmt(v, spec: str) -> str:
-    v = _number(v)
+    v = finite_number(v)
     return NONE if v is None else format(v, spec)
 
 
 def _fmt_int(v) -> str:
-    return NONE if _number(v) is None else str(int(v))
+    return NONE if finite_number(v) is None else str(int(v))
 
 
 def _fmt_seconds(v) -> str:
-    v = _number(v)
+    v = finite_number(v)
     return NONE if v is None else f"{v:.2f} s"
 
 
 def _fmt_ms(v) -> str:
-    v = _number(v)
+    v = finite_number(v)
     if v is None:
         return NONE
     return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 def _fmt_nodes(a, b) -> str:
-    if _number(a) is None and _number(b) is None:
+    if finite_number(a) is None and finite_number(b) is None:
         return NONE
     return f"{_fmt_int(a)} → {_fmt_int(b)}"
 
 
 def _fmt_setting(v) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _shorten(text: str, limit: int) -> str:
-    text = _one_line(text)
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
 def _error_text(row: dict) -> str:
@@ -214,7 +192,7 @@ def _model_cells(row: dict) -> list[str]:
     err = _error_text(row)
     if err and row.get("stage"):
         err = f"{row['stage']}: {err}"
-    return [str(row["model"]), str(row.get("status")), _shorten(err, ERROR_CHARS) if err else "",
+    return [str(row["model"]), str(row.get("status")), shorten(err, ERROR_CHARS) if err else "",
             _fmt_nodes(row.get("nodes_before"), row.get("nodes_after")),
             _fmt(row.get("optimize_s"), ".2f"), _fmt(row.get("compile_s"), ".2f"), _fmt_int(row.get("fallbacks")),
             _fmt_ms(row.get("egraft_ms")), _fmt_ms(row.get("onnxruntime_ms")), fmt_speedup(row.get("speedup")),
@@ -242,194 +220,6 @@ def _diff_summary(entries: list[dict]) -> str:
              f"(above 1: B is faster; B faster on {faster}, slower on {slower})" if g is not None
              else "no model has an egraft latency in both runs")
     return f"{speed}; {changed} model{'s' * (changed != 1)} changed status."
-
-
-# ---- charts ----------------------------------------------------------------------------------------
-def _label(text: str) -> str:
-    """``text`` as a chart label: cut, and its dollar signs escaped (they would start mathtext)."""
-    return _shorten(text, LABEL_CHARS).replace("$", r"\$")
-
-
-def _log_ticks(axis, suffix: str = "") -> None:
-    """Ticks at 1, 2 and 5 of each decade of a log ``axis``, labelled as plain numbers."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}{suffix}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def _svg(name: str, draw: Callable) -> str:
-    """``draw(Figure)`` rendered to inline SVG text: deterministic (fixed hash salt, no date),
-    text kept as text, and every id prefixed with ``name`` so that the page's charts do not share ids."""
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    rc = {"svg.hashsalt": f"egraft-zoo-{name}", "svg.fonttype": "none", "text.parse_math": False,
-          "font.family": "sans-serif", "font.size": 9, "axes.titlesize": 10}
-    with matplotlib.rc_context(rc):
-        fig = Figure()
-        draw(fig)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
-    text = buf.getvalue()
-    text = text[text.index("<svg"):]
-    text = re.sub(r"\s*<metadata>.*?</metadata>", "", text, flags=re.S)
-    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
-    text = text.replace("<style type=\"text/css\">*{", "<style type=\"text/css\">svg *{")
-    text = re.sub(r'\bid="([^"]+)"', rf'id="{name}-\1"', text)
-    text = re.sub(r'url\(#([^)]+)\)', rf'url(#{name}-\1)', text)
-    text = re.sub(r'href="#([^"]+)"', rf'href="#{name}-\1"', text)
-    return text.replace("<svg ", f'<svg role="img" aria-label="{html.escape(name)} chart" ', 1).strip()
-
-
-def _diverging_bars(fig, labels: list[str], values: list[float], xlabel: str, title: str) -> None:
-    """Horizontal bars from 1 to each value on a log axis, top to bottom in the given order."""
-    n = len(values)
-    fig.set_size_inches(8, 1.1 + 0.28 * n)
-    ax = fig.subplots()
-    ys = list(range(n))
-    colours = [FASTER_COLOUR if v >= 1 else SLOWER_COLOUR for v in values]
-    ax.barh(ys, [v - 1 for v in values], left=1, color=colours, height=0.7)
-    ax.axvline(1.0, color="#333", linewidth=1)
-    ax.set_xscale("log")
-    lo, hi = min(min(values), 1.0), max(max(values), 1.0)
-    ax.set_xlim(lo / 1.6, hi * 1.6)
-    _log_ticks(ax.xaxis, "×")
-    for y, v in zip(ys, values):
-        ax.annotate(f"{v:.2f}×", (v, y), xytext=(3 if v >= 1 else -3, 0), textcoords="offset points",
-                    ha="left" if v >= 1 else "right", va="center", fontsize=8)
-    ax.set_yticks(ys, [_label(s) for s in labels])
-    ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, loc="left")
-    ax.grid(axis="x", which="major", color="#ddd", linewidth=0.6)
-    ax.set_axisbelow(True)
-
-
-def _chart_speedup(rows: list[dict]) -> tuple[str | None, str]:
-    points = sorted(((r["model"], _positive(r.get("speedup"))) for r in rows if _positive(r.get("speedup"))),
-                    key=lambda p: (-p[1], p[0]))
-    if not points:
-        return None, "No model has a speed-up (none was benchmarked against onnxruntime)."
-    svg = _svg("speedup", lambda fig: _diverging_bars(
-        fig, [p[0] for p in points], [p[1] for p in points], "speed-up vs onnxruntime (log scale)",
-        "onnxruntime ms / egraft ms"))
-    return svg, (f"{len(points)} of {len(rows)} models, fastest first; right of the line at 1× egraft is faster "
-                 f"than onnxruntime, left of it slower.")
-
-
-def _chart_stages(rows: list[dict]) -> tuple[str | None, str]:
-    points = [(r["model"], _number(r.get("optimize_s")) or 0.0, _number(r.get("compile_s")) or 0.0) for r in rows
-              if _number(r.get("optimize_s")) is not None or _number(r.get("compile_s")) is not None]
-    if not points:
-        return None, "No model reached the optimize stage, so there is no time per stage to show."
-
-    def draw(fig):
-        n = len(points)
-        fig.set_size_inches(8, 1.3 + 0.28 * n)
-        ax = fig.subplots()
-        ys = list(range(n))
-        opt = [p[1] for p in points]
-        ax.barh(ys, opt, color=OPTIMIZE_COLOUR, height=0.7, label="optimize")
-        ax.barh(ys, [p[2] for p in points], left=opt, color=COMPILE_COLOUR, height=0.7, label="compile")
-        ax.set_yticks(ys, [_label(p[0]) for p in points])
-        ax.set_ylim(n - 0.5, -0.5)
-        ax.set_xlabel("seconds")
-        ax.set_title("optimize + compile time", loc="left")
-        ax.legend(loc="lower right", frameon=False, ncols=2, bbox_to_anchor=(1.0, 1.0))
-        ax.grid(axis="x", color="#ddd", linewidth=0.6)
-        ax.set_axisbelow(True)
-
-    return _svg("stages", draw), (f"{len(points)} of {len(rows)} models: optimize (load, saturate, extract) "
-                                  f"then compile (lowering, code generation, LLVM), stacked.")
-
-
-def _chart_rules(rows: list[dict]) -> tuple[str | None, str]:
-    models = [r for r in rows if isinstance(r.get("rules"), dict)]
-    totals: dict[str, float] = {}
-    for r in models:
-        for rule, n in r["rules"].items():
-            if _positive(n):
-                totals[str(rule)] = totals.get(str(rule), 0) + n
-    if not totals:
-        return None, "No rule fired in any model (or no model reached the optimize stage)."
-    rules = sorted(totals, key=lambda k: (-totals[k], k))[:MAX_HEATMAP_RULES]
-    models = [r for r in models if any(_positive(r["rules"].get(k)) for k in rules)]
-
-    def draw(fig):
-        import numpy as np
-        from matplotlib.colors import LogNorm
-
-        grid = np.ma.masked_less_equal(
-            np.array([[_positive(r["rules"].get(k)) or 0.0 for r in models] for k in rules], dtype=float), 0.0)
-        fig.set_size_inches(max(6.0, 3.5 + 0.32 * len(models)), 1.6 + 0.24 * len(rules) + 0.05 * max(
-            len(_label(r["model"])) for r in models))
-        ax = fig.subplots()
-        ax.set_facecolor("#e4e4e4")
-        norm = LogNorm(vmin=1, vmax=max(2.0, float(grid.max())))
-        mesh = ax.pcolormesh(grid, cmap="viridis", norm=norm, edgecolors="white", linewidth=0.5)
-        if len(rules) * len(models) <= 600:
-            for (i, j), n in np.ndenumerate(grid.filled(0.0)):
-                if n > 0:
-                    ax.text(j + 0.5, i + 0.5, f"{n:g}", ha="center", va="center", fontsize=7,
-                            color="white" if norm(n) < 0.6 else "black")
-        ax.set_xticks([i + 0.5 for i in range(len(models))], [_label(r["model"]) for r in models], rotation=90)
-        ax.set_yticks([i + 0.5 for i in range(len(rules))], [_label(k) for k in rules])
-        ax.set_ylim(len(rules), 0)
-        ax.tick_params(length=0)
-        bar = fig.colorbar(mesh, ax=ax, label="applications (log scale)", fraction=0.04, pad=0.02)
-        _log_ticks(bar.ax.yaxis)
-
-    shown = (f"the {len(rules)} most applied of the {len(totals)} rules that fired" if len(totals) > len(rules)
-             else f"all {len(rules)} rules that fired")
-    return _svg("rules", draw), (f"Rules × models, {shown}; colour = applications (log scale), "
-                                 f"grey = not fired in that model.")
-
-
-def _chart_predicted(rows: list[dict]) -> tuple[str | None, str]:
-    points = [(r["model"], _positive(r.get("predicted_ms")), _positive(r.get("egraft_ms"))) for r in rows]
-    points = [p for p in points if p[1] is not None and p[2] is not None]
-    if not points:
-        return None, ("No model has both a predicted and a measured latency (the prediction comes from the "
-                      "roofline cost model only), so there is no scatter to show.")
-
-    def draw(fig):
-        fig.set_size_inches(6, 5)
-        ax = fig.subplots()
-        xs, ys = [p[1] for p in points], [p[2] for p in points]
-        lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
-        ax.plot([lo, hi], [lo, hi], color="#888", linewidth=1, linestyle="--", label="measured = predicted")
-        ax.scatter(xs, ys, color=OPTIMIZE_COLOUR, s=22, zorder=3)
-        if len(points) <= MAX_POINT_LABELS:
-            for name, x, y in points:
-                ax.annotate(_label(name), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        _log_ticks(ax.xaxis)
-        _log_ticks(ax.yaxis)
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_aspect("equal")
-        ax.set_xlabel("predicted ms (cost model)")
-        ax.set_ylabel("measured egraft ms")
-        ax.legend(loc="upper left", frameon=False)
-        ax.grid(color="#eee", linewidth=0.6)
-
-    return _svg("predicted", draw), (f"{len(points)} of {len(rows)} models; above the dashed line the model "
-                                     f"ran slower than the cost model predicted.")
-
-
-def _chart_ratio(name: str, entries: list[dict]) -> tuple[str | None, str]:
-    points = sorted(((e["model"], e["speed_ratio"]) for e in entries if e["speed_ratio"] is not None),
-                    key=lambda p: (-p[1], p[0]))
-    if not points:
-        return None, "No model has an egraft latency in both runs, so there is no speed ratio to show."
-    svg = _svg(name, lambda fig: _diverging_bars(
-        fig, [p[0] for p in points], [p[1] for p in points], "speed ratio A/B (log scale)",
-        "egraft ms of A / egraft ms of B"))
-    return svg, (f"{len(points)} of {len(entries)} models; right of the line at 1× run B is faster than run A, "
-                 f"left of it slower.")
 
 
 # ---- HTML --------------------------------------------------------------------------------------------
@@ -468,9 +258,9 @@ def _html_models(rows: list[dict]) -> str:
         cells = _model_cells(r)
         status, err = r.get("status"), _error_text(r)
         full = f"{r['stage']}: {err}" if err and r.get("stage") else err
-        tol, maxerr = _number(r.get("tolerance")), _number(r.get("max_error"))
+        tol, maxerr = finite_number(r.get("tolerance")), finite_number(r.get("max_error"))
         over = tol is not None and maxerr is not None and maxerr > tol
-        speed = _number(r.get("speedup"))
+        speed = finite_number(r.get("speedup"))
         speed_cls = "" if speed is None else (" faster" if speed >= 1 else " slower")
         tds = [f"<td>{_e(cells[0])}</td>",
                f'<td class="nowrap"><span class="badge {_status_class(status)}">{_e(status)}</span></td>',
@@ -530,10 +320,10 @@ def render_html(store: ZooStore, runs: list[str]) -> str:
         '<section id="models">', f"<h2>Models of run <code>{_e(first.name)}</code></h2>",
         _html_models(rows) if rows else '<p class="note">This run has no models yet.</p>', "</section>",
         '<section id="charts">', f"<h2>Charts of run <code>{_e(first.name)}</code></h2>",
-        _html_figure("Speed-up per model vs onnxruntime", _chart_speedup(rows)),
-        _html_figure("Time per stage", _chart_stages(rows)),
-        _html_figure("Rules fired", _chart_rules(rows)),
-        _html_figure("Predicted vs measured latency", _chart_predicted(rows)),
+        _html_figure("Speed-up per model vs onnxruntime", speedup_chart(rows)),
+        _html_figure("Time per stage", stages_chart(rows)),
+        _html_figure("Rules fired", rules_chart(rows)),
+        _html_figure("Predicted vs measured latency", predicted_chart(rows)),
         "</section>",
     ]
     for i, (info, other) in enumerate(loaded[1:], 1):
@@ -541,7 +331,7 @@ def render_html(store: ZooStore, runs: list[str]) -> str:
         parts += [f'<section id="compare-{i}">',
                   f"<h2>Run <code>{_e(info.name)}</code> (B) compared to <code>{_e(first.name)}</code> (A)</h2>",
                   f"<p>{_e(_diff_summary(entries))}</p>", _html_diff(entries),
-                  _html_figure("Speed ratio per model, A/B", _chart_ratio(f"ratio{i}", entries)), "</section>"]
+                  _html_figure("Speed ratio per model, A/B", ratio_chart(f"ratio{i}", entries)), "</section>"]
     parts += ["</body>", "</html>", ""]
     return "\n".join(parts)
 
@@ -553,7 +343,7 @@ _MD_SPECIAL = re.compile(r"([\\|`*\[\]<>])")
 def _m(text) -> str:
     """``text`` for a Markdown table cell: one line, with the characters that would end the
     cell or start markup or HTML backslash-escaped."""
-    return _MD_SPECIAL.sub(r"\\\1", _one_line(str(text)))
+    return _MD_SPECIAL.sub(r"\\\1", one_line(str(text)))
 
 
 def _md_table(header: list[str], rows: list[list[str]], numeric_from: int = 1) -> list[str]:
