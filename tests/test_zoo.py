@@ -273,6 +273,27 @@ def test_kill_9_then_the_same_command_finishes_without_recomputing(tmp_path):
         assert c.execute("SELECT COUNT(*) FROM results WHERE run = 'nightly'").fetchone()[0] == 4
 
 
+def test_ctrl_c_kills_the_running_models_and_exits_130(tmp_path):
+    for seed in range(3):
+        onnx.save(mlp(seed), tmp_path / f"m{seed}.onnx")
+    parent = subprocess.Popen([*EGRAFT, "zoo", "run", "m0.onnx", "m1.onnx", "m2.onnx", "--db", "z.sqlite",
+                               "--jobs", "2", "--stages", "compile"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 120
+    children: list[int] = []
+    while time.time() < deadline and not children:
+        time.sleep(0.1)
+        children = _zoo_children_of(parent.pid)
+    assert children, "no model process started"
+    parent.send_signal(signal.SIGINT)
+    _, err = parent.communicate(timeout=60)
+    assert parent.returncode == 130 and "interrupted: the finished rows are in z.sqlite" in err
+    time.sleep(0.5)
+    assert not [p for p in children if Path(f"/proc/{p}").exists() and
+                b"zombie" not in Path(f"/proc/{p}/status").read_bytes().lower()]
+
+
 def test_keys_keep_finished_rows_and_settings_or_force_recompute(tmp_path):
     onnx.save(mlp(0), tmp_path / "mlp.onnx")
     db = tmp_path / "zoo.sqlite"

@@ -139,11 +139,19 @@ class ZooStore:
     def close(self) -> None:
         self._db.close()
 
+    def _sql(self, query: str, params: tuple = ()) -> sqlite3.Cursor:
+        """Execute ``query``; an SQLite failure (locked past the busy timeout, disk full, a
+        file damaged under us) is an :class:`EgraftError` naming the database."""
+        try:
+            return self._db.execute(query, params)
+        except sqlite3.Error as e:
+            raise EgraftError(f"--db {self.path}: {e}") from None
+
     # ---- runs ----------------------------------------------------------------------------------
     def begin_run(self, name: str, settings: dict) -> None:
         """Create run ``name``, or record new ``settings`` for it (its rows stay)."""
         stamp = now_iso()
-        self._db.execute(
+        self._sql(
             "INSERT INTO runs(name, created, updated, settings) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(name) DO UPDATE SET updated = excluded.updated, settings = excluded.settings",
             (name, stamp, stamp, json.dumps(settings, sort_keys=True)))
@@ -151,10 +159,10 @@ class ZooStore:
     def runs(self) -> list[RunInfo]:
         """Every run, oldest first."""
         counts: dict[str, dict[str, int]] = {}
-        for r in self._db.execute("SELECT run, status, COUNT(*) FROM results GROUP BY run, status"):
+        for r in self._sql("SELECT run, status, COUNT(*) FROM results GROUP BY run, status"):
             counts.setdefault(r[0], {})[r[1]] = r[2]
         return [RunInfo(r["name"], r["created"], r["updated"], json.loads(r["settings"]), counts.get(r["name"], {}))
-                for r in self._db.execute("SELECT * FROM runs ORDER BY created, name")]
+                for r in self._sql("SELECT * FROM runs ORDER BY created, name")]
 
     def run(self, name: str) -> RunInfo:
         """Run ``name``; EgraftError naming the runs there are when it does not exist."""
@@ -167,23 +175,30 @@ class ZooStore:
 
     def latest_run(self) -> str:
         """The name of the run written last; EgraftError when there is none."""
-        row = self._db.execute("SELECT name FROM runs ORDER BY updated DESC, created DESC LIMIT 1").fetchone()
+        row = self._sql("SELECT name FROM runs ORDER BY updated DESC, created DESC LIMIT 1").fetchone()
         if row is None:
             raise EgraftError(f"{self.path} has no runs yet (egraft zoo run makes one)")
         return row[0]
 
     # ---- rows ----------------------------------------------------------------------------------
     def put(self, run: str, row: dict, plan: str | None = None) -> None:
-        """Write (or replace) ``row`` of ``run``, committed at once."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO results(run, model, key, status, finished, row, plan) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (run, row["model"], row["key"], row["status"], row["finished"], json.dumps(row, sort_keys=False), plan))
-        self._db.execute("UPDATE runs SET updated = ? WHERE name = ?", (now_iso(), run))
+        """Write (or replace) ``row`` of ``run``, committed at once (one transaction)."""
+        self._sql("BEGIN IMMEDIATE")
+        try:
+            self._sql(
+                "INSERT OR REPLACE INTO results(run, model, key, status, finished, row, plan) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run, row["model"], row["key"], row["status"], row["finished"], json.dumps(row), plan))
+            self._sql("UPDATE runs SET updated = ? WHERE name = ?", (now_iso(), run))
+        except BaseException:
+            self._db.rollback()
+            raise
+        self._sql("COMMIT")
 
     def rows(self, run: str) -> list[dict]:
         """The rows of ``run``, by model name, each with every field of :data:`ROW_FIELDS`."""
         out = []
-        for r in self._db.execute("SELECT row FROM results WHERE run = ? ORDER BY model", (run,)):
+        for r in self._sql("SELECT row FROM results WHERE run = ? ORDER BY model", (run,)):
             stored = json.loads(r[0])
             out.append({f: stored.get(f) for f in ROW_FIELDS} | {k: v for k, v in stored.items()
                                                                   if k not in ROW_FIELDS})
@@ -191,11 +206,11 @@ class ZooStore:
 
     def finished_keys(self, run: str) -> dict[str, str]:
         """model -> key of the rows ``run`` already has."""
-        return {r[0]: r[1] for r in self._db.execute("SELECT model, key FROM results WHERE run = ?", (run,))}
+        return {r[0]: r[1] for r in self._sql("SELECT model, key FROM results WHERE run = ?", (run,))}
 
     def plan(self, run: str, model: str) -> dict | None:
         """The plan document the optimize stage stored for ``model`` in ``run``, if any."""
-        r = self._db.execute("SELECT plan FROM results WHERE run = ? AND model = ?", (run, model)).fetchone()
+        r = self._sql("SELECT plan FROM results WHERE run = ? AND model = ?", (run, model)).fetchone()
         return json.loads(r[0]) if r and r[0] else None
 
 
