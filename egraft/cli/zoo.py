@@ -183,7 +183,7 @@ def _run_with_progress(models, settings, store, run_name, jobs, dask, force, sou
         progress.update(task, total=to_run + skipped)
         where = f"on the Dask cluster at {dask}" if dask else f"{jobs} at a time"
         progress.console.print(f"run {run_name} in {store.path}: {len(models)} models, {to_run} to run ({where}), "
-                               f"{skipped} finished and kept", markup=False)
+                               f"{skipped} finished and kept", markup=False, soft_wrap=True)
 
     def on_row(row: dict, skipped: bool) -> None:
         counts["ok" if row["status"] == "ok" else "failed"] += 1
@@ -193,12 +193,13 @@ def _run_with_progress(models, settings, store, run_name, jobs, dask, force, sou
     try:
         with progress:
             rows = run_zoo(models, settings, store, run_name, jobs=jobs, dask=dask, force=force, sources=sources,
-                           on_plan=on_plan, on_row=on_row, say=lambda line: progress.console.print(line, markup=False))
+                           on_plan=on_plan, on_row=on_row,
+                           say=lambda line: progress.console.print(line, markup=False, soft_wrap=True))
     except EgraftError as e:
         raise fail(str(e)) from None
     except KeyboardInterrupt:
         err_console.print(f"interrupted: the finished rows are in {store.path}; run the same command again to "
-                          "finish the rest", markup=False)
+                          "finish the rest", markup=False, soft_wrap=True)
         sys.exit(130)
     err_console.print(f"wall time {time.perf_counter() - start:.1f} s", markup=False)
     return rows
@@ -235,7 +236,7 @@ def _print_rows(rows: list[dict], title: str) -> None:
     speedups = [r["speedup"] for r in rows if r.get("speedup")]
     if speedups:
         console.print(f"geometric-mean speed-up vs onnxruntime: {geomean(speedups):.3f}x over {len(speedups)} "
-                      f"models (above 1: egraft is faster)")
+                      f"models (above 1: egraft is faster)", soft_wrap=True)
 
 
 @zoo_app.command("show")
@@ -365,13 +366,13 @@ def diff_command(
                           f"{_fmt(e['optimize_s_a'], '.2f')} -> {_fmt(e['optimize_s_b'], '.2f')}",
                           _fmt(e["optimize_ratio"], ".3f"),
                           f"{_fmt(e['nodes_after_a'], 'd')} -> {_fmt(e['nodes_after_b'], 'd')}")
-        console.print(table)
+        _wide().print(table)
         ratios = [e["speed_ratio"] for e in entries if e["speed_ratio"]]
         if ratios:
             console.print(f"geometric-mean speed ratio: {geomean(ratios):.3f} over {len(ratios)} models "
-                          f"(above 1: {run_b} is faster)")
+                          f"(above 1: {run_b} is faster)", soft_wrap=True)
     for model, reason in failing:
-        err_console.print(f"regression: {model}: {reason}", markup=False)
+        err_console.print(f"regression: {model}: {reason}", markup=False, soft_wrap=True)
     if failing:
         raise typer.Exit(code=1)
 
