@@ -41,7 +41,7 @@ DbOption = Annotated[Path, typer.Option("--db", help="The SQLite result store.")
 
 def _total_memory_gb() -> float | None:
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         return None
 
