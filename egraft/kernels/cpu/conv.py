@@ -18,7 +18,9 @@ The convolution is direct, one output row at a time, with no padded copy of the 
   over contiguous outputs with no branch.
 
 FusedConv's residual ``Z`` and the activation are applied to each finished output row while
-it is in cache. Every dim but the batch must be static; the batch is read from ``dims``.
+it is in cache. Every dim but the batch must be static here (the batch is read from
+``dims``); a convolution with symbolic spatial dims runs the runtime-bounds kernel of
+:mod:`egraft.kernels.cpu.conv_symbolic`.
 
 Example: ``Conv(x: f32[1, 64, 56, 56], w: f32[64, 64, 3, 3]) {pads = [1, 1, 1, 1]}`` runs, for
 each block of 4 output channels and each of the 56 rows, two 24-column tiles over columns
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from egraft.ir.ops.nn_spatial import _window
-from egraft.kernels.cpu import register_kernel, winograd
+from egraft.kernels.cpu import conv_symbolic, register_kernel, winograd
 from egraft.kernels.cpu.elementwise import broadcast_strides
 from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type, masked_load, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
@@ -569,6 +571,17 @@ def _emit(ctx: KernelContext, geo: ConvGeometry, operands: ConvOperands) -> None
         ConvEmitter(ctx, geo, operands).emit()
 
 
+def _emit_any(ctx: KernelContext, operands: ConvOperands) -> None:
+    """The node's convolution: with symbolic spatial dims by the runtime-bounds kernel
+    (:mod:`egraft.kernels.cpu.conv_symbolic`), else as :func:`_emit` chooses."""
+    if conv_symbolic.has_symbolic_spatial_dims(ctx):
+        inputs = [0, 1] + [i for i in (operands.bias, operands.residual) if i is not None]
+        conv_symbolic.emit_symbolic_conv(ctx, _float_type(ctx, inputs), operands.bias, operands.residual,
+                                         operands.activation, operands.params)
+    else:
+        _emit(ctx, conv_geometry(ctx), operands)
+
+
 # ---- the generators ----------------------------------------------------------------------------------
 @register_kernel("Conv")
 def conv(ctx: KernelContext) -> None:
@@ -577,7 +590,7 @@ def conv(ctx: KernelContext) -> None:
     Example: ``Conv(x: f32[batch, 3, 32, 32], w: f32[8, 3, 3, 3], b: f32[8]) {pads = [1, 1, 1, 1]}``.
     """
     bias = 2 if ctx.has_input(2) else None
-    _emit(ctx, conv_geometry(ctx), ConvOperands(bias, None))
+    _emit_any(ctx, ConvOperands(bias, None))
 
 
 @register_kernel("FusedConv", domain="com.egraft")
@@ -589,7 +602,7 @@ def fused_conv(ctx: KernelContext) -> None:
     """
     activation, params = _activation(ctx)
     operands = ConvOperands(2 if ctx.has_input(2) else None, 3 if ctx.has_input(3) else None, activation, params)
-    _emit(ctx, conv_geometry(ctx), operands)
+    _emit_any(ctx, operands)
 
 
 @register_kernel("WinogradConv", domain="com.egraft")
@@ -603,6 +616,9 @@ def winograd_conv(ctx: KernelContext) -> None:
     """
     activation, params = _activation(ctx)
     operands = ConvOperands(3 if ctx.has_input(3) else None, None, activation, params)
+    if conv_symbolic.has_symbolic_spatial_dims(ctx):
+        _emit_any(ctx, operands)
+        return
     geo = conv_geometry(ctx)
     if winograd.fits(ctx, geo, activation):
         winograd.emit_winograd(ctx, geo, operands.bias, activation, params)

@@ -55,7 +55,7 @@ from llvmlite import ir
 
 from egraft.ir.dims import dims_equal
 from egraft.ir.ops.layout import unblocked_shape
-from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu import conv_symbolic, register_kernel
 from egraft.kernels.cpu.conv import (
     ConvGeometry,
     _activation,
@@ -66,7 +66,7 @@ from egraft.kernels.cpu.conv import (
     fmuladd,
     vector_pointer,
 )
-from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, register_packing, splat
+from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, llvm_type, register_packing, splat
 
 #: Channels per block of the layouts this kernel reads and writes (floats per vector).
 BLOCK = 8
@@ -499,6 +499,13 @@ def conv_nchwc(ctx: KernelContext) -> None:
     activation, params = _activation(ctx)
     residual = 3 if ctx.has_input(3) else None
     _check_operands(ctx, residual)
+    if conv_symbolic.has_symbolic_spatial_dims(ctx):  # runtime bounds, the same blocked layout
+        block = int(ctx.attr("block", BLOCK))
+        if block != BLOCK:
+            raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
+        conv_symbolic.emit_symbolic_conv(ctx, llvm_type(ctx.out_type(0).dtype), 2 if ctx.has_input(2) else None,
+                                         residual, activation, params, block=block)
+        return
     geo = blocked_geometry(ctx)
     NCHWcEmitter(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params).emit()
 

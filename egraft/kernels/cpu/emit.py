@@ -280,23 +280,37 @@ class KernelContext(NodeAttrs):
         return value
 
     def _dim_expr(self, e: sympy.Expr, b: ir.IRBuilder) -> ir.Value:
+        """``e`` computed in ``b``: integers, symbols read from ``dims``, sums, products,
+        powers, exact divisions (``n*(n + 1)/2``), floor and ceiling of rational expressions
+        (``floor(height/32 - 1/32)``: floor division of ``height - 1`` by 32), ``Mod``,
+        ``Max`` and ``Min``; :class:`Unsupported` for anything else."""
         if e.is_Integer:
             return ir.Constant(I64, int(e))
         if e.is_Symbol:
             if e.name not in self._dim_index:
                 raise Unsupported(f"dim {e.name} is not known when the kernel runs")
             return b.load(b.gep(self.dims, [ir.Constant(I64, self._dim_index[e.name])]), name=e.name)
-        if e.is_Add:
+        if isinstance(e, sympy.floor | sympy.ceiling):
+            num, den = _integer_fraction(e.args[0])
+            if den is None:
+                raise Unsupported(f"dim expression {e} has no generated code")
+            n = self._dim_expr(num, b)
+            if isinstance(e, sympy.floor):
+                return floor_div(b, n, den)
+            return b.neg(floor_div(b, b.neg(n), den))  # ceil(n/d) = -floor(-n/d)
+        if isinstance(e, sympy.Mod) and e.args[1].is_Integer and int(e.args[1]) > 0:
+            n, m = self._dim_expr(e.args[0], b), int(e.args[1])
+            return b.sub(n, b.mul(floor_div(b, n, m), ir.Constant(I64, m)))
+        if e.is_Add or e.is_Mul or e.is_Rational:
+            num, den = _integer_fraction(e)
+            if den is None:
+                raise Unsupported(f"dim expression {e} has no generated code")
+            if den != 1:  # an integer-valued quotient (n*(n + 1)/2): the division is exact
+                return b.sdiv(self._dim_expr(num, b), ir.Constant(I64, den))
             parts = [self._dim_expr(a, b) for a in e.args]
             out = parts[0]
             for p in parts[1:]:
-                out = b.add(out, p)
-            return out
-        if e.is_Mul:
-            parts = [self._dim_expr(a, b) for a in e.args]
-            out = parts[0]
-            for p in parts[1:]:
-                out = b.mul(out, p)
+                out = b.add(out, p) if e.is_Add else b.mul(out, p)
             return out
         if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
             base = self._dim_expr(e.base, b)
@@ -304,10 +318,6 @@ class KernelContext(NodeAttrs):
             for _ in range(int(e.exp) - 1):
                 out = b.mul(out, base)
             return out
-        if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
-            num, den = sympy.fraction(e.args[0])
-            if den.is_Integer:
-                return b.sdiv(self._dim_expr(num, b), ir.Constant(I64, int(den)))
         if isinstance(e, sympy.Max | sympy.Min):
             parts = [self._dim_expr(a, b) for a in e.args]
             out = parts[0]
@@ -519,3 +529,30 @@ class MathEmitter:
             inner = b.fmul(c(0.7978845608028654), b.fadd(x, cubic))
             return b.fmul(b.fmul(c(0.5), x), b.fadd(c(1), self.tanh(inner)))
         raise Unsupported(f"activation {name!r} has no generated code")
+
+
+def _integer_fraction(e: sympy.Expr) -> tuple[sympy.Expr, int | None]:
+    """``e`` as ``numerator / d`` with an integer-coefficient numerator and a positive
+    integer ``d`` (``h/32 - 1/32`` -> ``(h - 1, 32)``); ``d`` is ``None`` when the
+    denominator is not an integer (a symbol divides).
+
+    Example:
+        >>> h = sympy.Symbol("h", positive=True, integer=True)
+        >>> _integer_fraction(h / 32 - sympy.Rational(1, 32))
+        (h - 1, 32)
+    """
+    num, den = sympy.fraction(sympy.together(e))
+    if not den.is_Integer or int(den) == 0:
+        return e, None
+    if int(den) < 0:
+        num, den = -num, -den
+    return sympy.expand(num), int(den)
+
+
+def floor_div(b: ir.IRBuilder, n: ir.Value, d: int) -> ir.Value:
+    """``floor(n / d)`` for a positive constant ``d`` (``sdiv`` truncates toward zero: one
+    less when the remainder is negative)."""
+    divisor = ir.Constant(I64, d)
+    q = b.sdiv(n, divisor)
+    negative = b.icmp_signed("<", b.srem(n, divisor), ir.Constant(I64, 0))
+    return b.sub(q, b.zext(negative, I64))

@@ -1,0 +1,136 @@
+"""Symbolic dims all the way down (issue 15): dim expressions that only a run time binding
+decides (floor and ceiling of rational expressions, as strided pools and convolutions
+make them) are computed inside generated kernels, and the compiled model matches
+onnxruntime at every size from one build."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import egraft
+
+
+def strided_pools() -> onnx.ModelProto:
+    """Two pools over x: f32[1, 4, h, w] whose output dims are floor((h - 3)/2) + 1 (MaxPool)
+    and, with ceil_mode, Min(floor(h/3) + 1, floor(h/3 + 2/3)) (AveragePool: ceil((h - 2)/3)
+    + 1 unless the last window would start past the input), each followed by elementwise ops."""
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+        helper.make_node("Sigmoid", ["p"], ["s"]),
+        helper.make_node("Mul", ["p", "s"], ["y"]),  # SiLU on floor dims
+        helper.make_node("AveragePool", ["x"], ["q"], kernel_shape=[2, 2], strides=[3, 3], ceil_mode=1),
+        helper.make_node("Neg", ["q"], ["nq"]),
+        helper.make_node("Relu", ["nq"], ["z"]),
+    ]
+    graph = helper.make_graph(nodes, "strided_pools",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def compiled_pools():
+    return strided_pools(), egraft.compile(strided_pools().SerializeToString(), use_cache=False)
+
+
+def test_floor_and_ceiling_dims_have_generated_code(compiled_pools):
+    _, compiled = compiled_pools
+    reasons = [reason for _, _, reason in compiled.report({"h": 9, "w": 11}).fallbacks]
+    assert not [r for r in reasons if "dim expression" in r], reasons
+    kernel_ops = {s.node.op for s in compiled.steps if s.kind == "kernel"}
+    assert kernel_ops & {"Sigmoid", "Mul", "Neg", "Relu", "Elementwise"}, kernel_ops
+
+
+@pytest.mark.parametrize("h, w", [(3, 3), (7, 9), (8, 8), (33, 17), (64, 5)])
+def test_one_build_matches_onnxruntime_at_every_size(compiled_pools, h, w):
+    model, compiled = compiled_pools
+    x = np.random.default_rng(h * 100 + w).normal(0, 1, (1, 4, h, w)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y, z = session.run(None, {"x": x})
+    out = compiled.run({"x": x})
+    assert out["y"].shape == y.shape == (1, 4, (h - 3) // 2 + 1, (w - 3) // 2 + 1)
+    assert out["z"].shape == z.shape  # ceil_mode: Min(floor(h/3) + 1, floor(h/3 + 2/3)), the last window inside
+    np.testing.assert_allclose(out["y"], y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out["z"], z, rtol=1e-5, atol=1e-6)
+
+
+def convolutions() -> onnx.ModelProto:
+    """Over x: f32[n, 4, h, w]: a strided padded Conv with bias, a grouped dilated Conv, a
+    depthwise SAME_UPPER Conv, and a FusedConv-able Conv + Add + Relu (a residual), every
+    spatial dim symbolic."""
+    rng = np.random.default_rng(7)
+    weights = {"w1": (6, 4, 3, 3), "b1": (6,), "w2": (6, 2, 3, 3), "w3": (6, 1, 3, 3), "w4": (6, 6, 1, 1),
+               "b4": (6,)}
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.5, s).astype(np.float32), n) for n, s in weights.items()]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "w2"], ["c2"], group=2, dilations=[2, 1], pads=[2, 0, 1, 1]),
+        helper.make_node("Conv", ["c2", "w3"], ["c3"], group=6, auto_pad="SAME_UPPER", strides=[2, 1]),
+        helper.make_node("Conv", ["c1", "w4", "b4"], ["c4"]),
+        helper.make_node("Add", ["c4", "c1"], ["s4"]),
+        helper.make_node("Relu", ["s4"], ["y1"]),
+    ]
+    graph = helper.make_graph(nodes, "convolutions",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, "h", "w"])],
+                              [helper.make_tensor_value_info("y1", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("c3", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def compiled_convolutions():
+    return convolutions(), egraft.compile(convolutions().SerializeToString(), use_cache=False)
+
+
+def test_convolutions_with_symbolic_spatial_dims_have_generated_code(compiled_convolutions):
+    _, compiled = compiled_convolutions
+    fallbacks = compiled.report({"n": 1, "h": 9, "w": 11}).fallbacks
+    assert not [f for f in fallbacks if "Conv" in f[1]], fallbacks
+
+
+@pytest.mark.parametrize("n, h, w", [(1, 5, 5), (1, 9, 11), (2, 16, 7), (1, 33, 40)])
+def test_one_convolution_build_matches_onnxruntime_at_every_size(compiled_convolutions, n, h, w):
+    model, compiled = compiled_convolutions
+    x = np.random.default_rng(h * 1000 + w).normal(0, 1, (n, 4, h, w)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip(["y1", "c3"], session.run(None, {"x": x})))
+    out = compiled.run({"x": x})
+    for name, want in expected.items():
+        assert out[name].shape == want.shape, name
+        np.testing.assert_allclose(out[name], want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def blocked_convolutions() -> onnx.ModelProto:
+    """y = relu(conv(relu(conv(x)), w2) + relu(conv(x))) over x: f32[1, 8, h, w]: channels in
+    multiples of 8, so the layout rules run them channel-blocked (ConvNCHWc, a residual)."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": (16, 8, 3, 3), "b1": (16,), "w2": (16, 16, 3, 3), "b2": (16,)}
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.3, s).astype(np.float32), n) for n, s in weights.items()]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "blocked_convolutions",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_blocked_convolutions_with_symbolic_spatial_dims_match_onnxruntime():
+    model = blocked_convolutions()
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    kernels = [s.node.op for s in compiled.steps if s.kind == "kernel"]
+    assert "ConvNCHWc" in kernels, kernels
+    assert not [f for f in compiled.report({"h": 12, "w": 9}).fallbacks if "Conv" in f[1]]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for h, w in [(4, 4), (12, 9), (31, 20)]:
+        x = np.random.default_rng(h + w).normal(0, 1, (1, 8, h, w)).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
