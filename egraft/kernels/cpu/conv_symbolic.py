@@ -62,7 +62,7 @@ class SymbolicGeometry:
     dil_w: int
 
 
-def _begin_pad(win, axis: int, n, out) -> object:
+def begin_pad(win, axis: int, n, out) -> object:
     """The begin pad along ``axis`` as a dim expression (``auto_pad`` SAME pads depend on ``n``)."""
     if win.auto_pad in _SAME:
         total = sympy.Max(0, (sympy.sympify(out) - 1) * win.strides[axis] + win.extent(axis) - sympy.sympify(n))
@@ -100,7 +100,7 @@ def symbolic_geometry(ctx: KernelContext, block: int | None = None) -> SymbolicG
     except ValueError as e:
         raise Unsupported(str(e)) from None
     spatial, outs = list(x_shape[2:]), list(out_shape[2:])
-    pads = [_begin_pad(win, i, n, o) for i, (n, o) in enumerate(zip(spatial, outs))]
+    pads = [begin_pad(win, i, n, o) for i, (n, o) in enumerate(zip(spatial, outs))]
     if rank == 3:
         return SymbolicGeometry(x_shape[0], channels, out_channels, group, 1, spatial[0], 1, outs[0], 0, pads[0],
                                 1, kernel[0], 1, win.strides[0], 1, win.dilations[0])
@@ -109,15 +109,18 @@ def symbolic_geometry(ctx: KernelContext, block: int | None = None) -> SymbolicG
                             win.dilations[0], win.dilations[1])
 
 
-def _ceil_div(b: ir.IRBuilder, n: ir.Value, d: int) -> ir.Value:
+def ceil_div(b: ir.IRBuilder, n: ir.Value, d: int) -> ir.Value:
+    """``ceil(n / d)`` for a positive constant ``d``."""
     return b.neg(floor_div(b, b.neg(n), d))
 
 
-def _max(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def imax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The larger of two ``i64`` values."""
     return b.select(b.icmp_signed(">", x, y), x, y)
 
 
-def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def imin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The smaller of two ``i64`` values."""
     return b.select(b.icmp_signed("<", x, y), x, y)
 
 
@@ -168,8 +171,8 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     column_ranges = []
     for kw in range(g.k_w):
         offset = b.sub(_c(kw * g.dil_w), pad_w)  # input column = ow * stride + offset
-        lo = _max(b, _c(0), _ceil_div(b, b.neg(offset), g.stride_w))
-        hi = _min(b, out_w, b.add(floor_div(b, b.sub(b.sub(in_w, _c(1)), offset), g.stride_w), _c(1)))
+        lo = imax(b, _c(0), ceil_div(b, b.neg(offset), g.stride_w))
+        hi = imin(b, out_w, b.add(floor_div(b, b.sub(b.sub(in_w, _c(1)), offset), g.stride_w), _c(1)))
         column_ranges.append((offset, lo, hi))
     zero = ir.Constant(t, 0.0)
     oc_lo, oc_hi = ctx.share(g.out_channels)
@@ -182,8 +185,8 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                 with ctx.loop(out_w, name="ow0") as ow:
                     b.store(bias_value, b.gep(y, [y_layout.at(y_row, ow)]))
                 top = b.sub(b.mul(oh, _c(g.stride_h)), pad_h)  # input row of kernel row 0
-                kh_lo = _max(b, _c(0), _ceil_div(b, b.neg(top), g.dil_h))
-                kh_hi = _min(b, _c(g.k_h), b.add(floor_div(b, b.sub(b.sub(in_h, _c(1)), top), g.dil_h), _c(1)))
+                kh_lo = imax(b, _c(0), ceil_div(b, b.neg(top), g.dil_h))
+                kh_hi = imin(b, _c(g.k_h), b.add(floor_div(b, b.sub(b.sub(in_h, _c(1)), top), g.dil_h), _c(1)))
                 with ctx.loop(group_in, name="ic") as ic:
                     channel = b.add(b.mul(grp, _c(group_in)), ic)
                     w_base = b.mul(b.add(b.mul(oc, _c(group_in)), ic), _c(g.k_h * g.k_w))
@@ -224,4 +227,5 @@ def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
                for d in shape[2:])
 
 
-__all__ = ["SymbolicGeometry", "symbolic_geometry", "emit_symbolic_conv", "has_symbolic_spatial_dims"]
+__all__ = ["SymbolicGeometry", "symbolic_geometry", "emit_symbolic_conv", "has_symbolic_spatial_dims", "begin_pad",
+           "ceil_div", "imax", "imin"]

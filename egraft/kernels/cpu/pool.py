@@ -11,6 +11,9 @@ over the columns where it is inside the input (compile-time bounds), so those lo
 without a padding branch. AveragePool then divides by the window
 counts, a compile-time table computed by the reference kernel's own helper.
 
+With symbolic spatial dims, MaxPool and AveragePool (``count_include_pad = 0``) run the
+runtime-bounds kernel of :mod:`egraft.kernels.cpu.pool_symbolic`.
+
 A 3-D window whose last axis is a *lane* axis (window 1, stride 1, no padding: the
 channel-blocked layout ``[N, C/8, H, W, 8]`` that egraft/rules/layout.rules pools in) runs
 as the 2-D pool over ``(H, W)`` with each element a vector of the lanes.
@@ -29,7 +32,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.ops.nn_spatial import _pool_window, _Window, _window_counts
-from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu import pool_symbolic, register_kernel
 from egraft.kernels.cpu.conv import affine, const64, constant_table, output_range, tap_range, vector_pointer
 from egraft.kernels.cpu.emit import KernelContext, Unsupported, is_float, llvm_type, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
@@ -219,7 +222,11 @@ def max_pool(ctx: KernelContext) -> None:
     if len(ctx.node.outputs) > 1 and ctx.node.outputs[1] is not None:
         raise Unsupported("MaxPool's Indices output has no generated code")
     t = _float_only(ctx)
-    emit_window_pool(ctx, t, pool_geometry(ctx), float("-inf"), lambda b, m, acc, v: m.maximum(acc, v))
+    combine = lambda b, m, acc, v: m.maximum(acc, v)
+    if pool_symbolic.has_symbolic_spatial_dims(ctx):
+        pool_symbolic.emit_symbolic_pool(ctx, t, float("-inf"), combine, average=False)
+        return
+    emit_window_pool(ctx, t, pool_geometry(ctx), float("-inf"), combine)
 
 
 @register_kernel("AveragePool")
@@ -230,8 +237,11 @@ def average_pool(ctx: KernelContext) -> None:
     Example: ``AveragePool(x) {kernel_shape = [3, 3], pads = [1, 1, 1, 1], count_include_pad = 1}``.
     """
     t = _float_only(ctx)
-    geo = pool_geometry(ctx)
     include_pad = bool(ctx.attr("count_include_pad", 0))
+    if pool_symbolic.has_symbolic_spatial_dims(ctx) and not include_pad:
+        pool_symbolic.emit_symbolic_pool(ctx, t, 0.0, lambda b, m, acc, v: b.fadd(acc, v), average=True)
+        return
+    geo = pool_geometry(ctx)
     counts = _window_counts(geo.window, geo.spatial, geo.outs, geo.begins, geo.ends, include_pad)
     counts = np.broadcast_to(counts, (1, 1, *geo.outs))
     if geo.lanes > 1:
