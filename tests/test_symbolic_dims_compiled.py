@@ -95,7 +95,7 @@ def test_convolutions_with_symbolic_spatial_dims_have_generated_code(compiled_co
     assert not [f for f in fallbacks if "Conv" in f[1]], fallbacks
 
 
-@pytest.mark.parametrize("n, h, w", [(1, 5, 5), (1, 9, 11), (2, 16, 7), (1, 33, 40)])
+@pytest.mark.parametrize("n, h, w", [(1, 5, 5), (1, 9, 11), (2, 16, 7), (1, 33, 40), (1, 6, 130)])
 def test_one_convolution_build_matches_onnxruntime_at_every_size(compiled_convolutions, n, h, w):
     model, compiled = compiled_convolutions
     x = np.random.default_rng(h * 1000 + w).normal(0, 1, (n, 4, h, w)).astype(np.float32)
@@ -128,9 +128,29 @@ def blocked_convolutions() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_blocked_convolutions_with_symbolic_spatial_dims_match_onnxruntime():
+UNGUARDED_BLOCKING = """ruleset blocking_anyway
+
+# Conv(x, w, b) -> FromBlocked(ConvNCHWc(ToBlocked(x), w, b)), whatever the spatial dims
+rule conv_to_blocked_anyway:
+    Conv(x, w, b) {group = 1, attrs}
+    where rank(x) == 4 and dim(x, 1) % 8 == 0 and dim(w, 0) % 8 == 0
+    => xb = com.egraft::LayoutToBlocked(x) {block = 8}
+       com.egraft::LayoutFromBlocked(com.egraft::ConvNCHWc(xb, w, b) {attrs, block = 8}) {block = 8}
+"""
+
+
+def test_the_shipped_rules_keep_symbolic_spatial_convolutions_unblocked():
+    compiled = egraft.compile(blocked_convolutions().SerializeToString(), use_cache=False)
+    ops = [s.node.op for s in compiled.steps]
+    assert "ConvNCHWc" not in ops and "LayoutToBlocked" not in ops, ops
+
+
+def test_blocked_convolutions_with_symbolic_spatial_dims_match_onnxruntime(tmp_path):
+    """A rule author who blocks convolutions whatever their dims still gets correct kernels."""
     model = blocked_convolutions()
-    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    rules = tmp_path / "blocking.rules"
+    rules.write_text(UNGUARDED_BLOCKING)
+    compiled = egraft.compile(model.SerializeToString(), rules=[rules], use_cache=False)
     kernels = [s.node.op for s in compiled.steps if s.kind == "kernel"]
     assert "ConvNCHWc" in kernels, kernels
     assert not compiled.report({"h": 12, "w": 9}).fallbacks
@@ -138,3 +158,54 @@ def test_blocked_convolutions_with_symbolic_spatial_dims_match_onnxruntime():
     for h, w in [(4, 4), (12, 9), (31, 20)]:
         x = np.random.default_rng(h + w).normal(0, 1, (1, 8, h, w)).astype(np.float32)
         np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def upsample_nearest(scales=(1.0, 1.0, 2.0, 3.0), coordinate_mode: str = "asymmetric") -> onnx.ModelProto:
+    """y = Resize(x, scales) + 1 over x: f32[n, 3, h, w], nearest with floor rounding."""
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["r"], mode="nearest", nearest_mode="floor",
+                              coordinate_transformation_mode=coordinate_mode),
+             helper.make_node("Add", ["r", "one"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(np.array(scales, np.float32), "scales"),
+             onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")]
+    graph = helper.make_graph(nodes, "upsample",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nearest_upsampling_of_symbolic_dims_matches_onnxruntime():
+    model = upsample_nearest()
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    assert not compiled.report({"n": 1, "h": 4, "w": 5}).fallbacks
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n, h, w in [(1, 1, 1), (1, 4, 5), (2, 7, 3)]:
+        x = np.random.default_rng(h * w).normal(0, 1, (n, 3, h, w)).astype(np.float32)
+        want = session.run(None, {"x": x})[0]
+        got = compiled.run({"x": x})["y"]
+        assert got.shape == want.shape == (n, 3, 2 * h, 3 * w)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_other_resizes_of_symbolic_dims_fall_back_and_stay_correct():
+    model = upsample_nearest(scales=(1.0, 1.0, 1.5, 2.0), coordinate_mode="half_pixel")
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    reasons = [r for _, op, r in compiled.report({"n": 1, "h": 4, "w": 4}).fallbacks if op == "Resize"]
+    assert reasons and "nearest, asymmetric, floor" in reasons[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).normal(0, 1, (1, 3, 6, 5)).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0])
+
+
+def test_a_large_symbolic_convolution_stays_on_the_blas_product_and_says_why():
+    rng = np.random.default_rng(5)
+    w = onnx.numpy_helper.from_array(rng.normal(0, 0.1, (64, 16, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "large",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    reasons = [r for _, op, r in compiled.report({"h": 8, "w": 8}).fallbacks if "Conv" in op]
+    assert reasons and "144 taps x 64 output channels" in reasons[0], reasons
+    x = rng.normal(0, 1, (1, 16, 9, 13)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -334,3 +334,12 @@ def _is_float(ev: Evaluator, *xs) -> bool:
 
 
 BUILTINS["is_float"] = _is_float
+
+
+def _static_spatial(ev: Evaluator, *xs) -> bool:
+    """True when every dim after the batch and channel dims is a number (``[N, C, 64, 64]``,
+    not ``[N, C, h, w]``): the blocked-layout kernels plan their windows at compile time."""
+    return all(isinstance(d, int) for x in _flat(xs) for d in _shape(ev, x)[2:])
+
+
+BUILTINS["static_spatial"] = _static_spatial

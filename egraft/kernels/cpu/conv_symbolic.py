@@ -9,7 +9,11 @@ over contiguous output columns with no branch (LLVM vectorizes it at unit stride
 and output heights and widths and the begin pads (``auto_pad`` SAME makes them depend on
 the input) are ``i64`` values computed in the entry block (:meth:`KernelContext.dim`).
 Channels, the kernel, strides and dilations stay static. FusedConv's residual and
-activation are applied to each finished row; output channels are split over threads.
+activation are applied to each finished row; blocks of output channels are split over
+threads. At unit horizontal stride the interior columns (every tap inside the input) run
+in register tiles: ``BLOCK_CHANNELS`` output channels times ``TILE_VECTORS`` vectors of
+columns accumulated over input channels and taps, as the static kernel does; the border
+columns and the rest take the per-tap loops.
 The same kernel serves ``ConvNCHWc`` (input, output and residual channel-blocked): only
 where an element lives changes (:class:`_Layout`).
 
@@ -27,9 +31,13 @@ from llvmlite import ir
 from egraft.ir.ops.layout import unblocked_shape
 from egraft.ir.ops.nn_spatial import _SAME, _window
 from egraft.kernels.cpu.elementwise import broadcast_strides
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, floor_div
+from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, floor_div, splat
+from egraft.kernels.cpu.llvm import host_vector_bits
 
 CONTRACT = ("contract",)
+#: Output channels per register block, and vectors of output columns per tile (interior columns).
+BLOCK_CHANNELS = 4
+TILE_VECTORS = 3
 
 
 def _c(value: int) -> ir.Constant:
@@ -150,6 +158,9 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                        activation: str, params: tuple[float, ...], block: int | None = None) -> None:
     """``y = act(conv(x, w) + bias + z)`` for the node, with runtime spatial sizes; ``block``:
     input, output and residual are channel-blocked (the residual then has the output's shape)."""
+    from egraft.kernels.cpu.conv import fmuladd, vector_pointer  # conv imports this module
+
+    check_direct_pays(ctx, block)
     g = symbolic_geometry(ctx, block)
     b = ctx.builder
     x, w, y = ctx.in_ptr(0), ctx.in_ptr(1), ctx.out_ptr(0)
@@ -174,51 +185,146 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
         lo = imax(b, _c(0), ceil_div(b, b.neg(offset), g.stride_w))
         hi = imin(b, out_w, b.add(floor_div(b, b.sub(b.sub(in_w, _c(1)), offset), g.stride_w), _c(1)))
         column_ranges.append((offset, lo, hi))
+    # vector tiles over the interior columns (every tap inside) at unit stride, plain layout
+    width = max(1, host_vector_bits() // (32 if str(t) == "float" else 64))
+    span = TILE_VECTORS * width
+    if block is None and g.stride_w == 1:
+        interior_lo = column_ranges[0][1]
+        interior_hi = column_ranges[0][2]
+        for _, lo, hi in column_ranges[1:]:
+            interior_lo, interior_hi = imax(b, interior_lo, lo), imin(b, interior_hi, hi)
+        tiles = floor_div(b, imax(b, _c(0), b.sub(interior_hi, interior_lo)), span)
+        wide_end = b.add(interior_lo, b.mul(tiles, _c(span)))
+        singles = floor_div(b, imax(b, _c(0), b.sub(interior_hi, wide_end)), width)  # one-vector tiles after
+    else:
+        interior_lo, tiles, singles = out_w, _c(0), _c(0)
+        wide_end = out_w
+    tiles_end = b.add(wide_end, b.mul(singles, _c(width)))
     zero = ir.Constant(t, 0.0)
-    oc_lo, oc_hi = ctx.share(g.out_channels)
-    with ctx.loop(ctx.dim(g.batch), name="n") as n:
-        with ctx.loop(oc_hi, name="oc", start=oc_lo) as oc:
-            grp = b.sdiv(oc, _c(group_out))
-            bias_value = b.load(b.gep(bias_ptr, [oc])) if bias_ptr is not None else zero
-            with ctx.loop(out_h, name="oh") as oh:
-                y_row = y_layout.row(n, oc, oh)
+    per_group = -(-group_out // BLOCK_CHANNELS)
+    blocks_lo, blocks_hi = ctx.share(g.group * per_group)
+
+    def emit_block(n: ir.Value, grp: ir.Value, oc0: ir.Value, size: int) -> None:
+        """Output channels ``oc0 .. oc0 + size`` (of group ``grp``) of image ``n``, row by row."""
+        channels = [b.add(oc0, _c(j)) for j in range(size)]
+        biases = [b.load(b.gep(bias_ptr, [oc])) if bias_ptr is not None else zero for oc in channels]
+        with ctx.loop(out_h, name="oh") as oh:
+            y_rows = [y_layout.row(n, oc, oh) for oc in channels]
+            top = b.sub(b.mul(oh, _c(g.stride_h)), pad_h)  # input row of kernel row 0
+            kh_lo = imax(b, _c(0), ceil_div(b, b.neg(top), g.dil_h))
+            kh_hi = imin(b, _c(g.k_h), b.add(floor_div(b, b.sub(b.sub(in_h, _c(1)), top), g.dil_h), _c(1)))
+            for oc, y_row, bias_value in zip(channels, y_rows, biases):  # border columns, one tap at a time
                 with ctx.loop(out_w, name="ow0") as ow:
                     b.store(bias_value, b.gep(y, [y_layout.at(y_row, ow)]))
-                top = b.sub(b.mul(oh, _c(g.stride_h)), pad_h)  # input row of kernel row 0
-                kh_lo = imax(b, _c(0), ceil_div(b, b.neg(top), g.dil_h))
-                kh_hi = imin(b, _c(g.k_h), b.add(floor_div(b, b.sub(b.sub(in_h, _c(1)), top), g.dil_h), _c(1)))
                 with ctx.loop(group_in, name="ic") as ic:
                     channel = b.add(b.mul(grp, _c(group_in)), ic)
                     w_base = b.mul(b.add(b.mul(oc, _c(group_in)), ic), _c(g.k_h * g.k_w))
                     with ctx.loop(kh_hi, name="kh", start=kh_lo) as kh:
-                        ih = b.add(top, b.mul(kh, _c(g.dil_h)))
-                        x_row = x_layout.row(n, channel, ih)
+                        x_row = x_layout.row(n, channel, b.add(top, b.mul(kh, _c(g.dil_h))))
                         w_row = b.add(w_base, b.mul(kh, _c(g.k_w)))
                         for kw, (offset, lo, hi) in enumerate(column_ranges):
                             weight = b.load(b.gep(w, [b.add(w_row, _c(kw))]))
-                            with ctx.loop(hi, name="ow", start=lo) as ow:
-                                out = b.gep(y, [y_layout.at(y_row, ow)])
-                                iw = b.add(b.mul(ow, _c(g.stride_w)), offset)
-                                value = b.load(b.gep(x, [x_layout.at(x_row, iw)]))
-                                b.store(b.fadd(b.load(out), b.fmul(weight, value, flags=CONTRACT),
-                                               flags=CONTRACT), out)
-                if z is not None or activation:
-                    z_row = None
-                    if z_strides is not None:
-                        z_row = _c(0)
-                        for index, stride in zip((n, oc, oh), z_strides[:3]):
-                            if stride is not None:
-                                z_row = b.add(z_row, b.mul(index, stride))
-                    with ctx.loop(out_w, name="owe") as ow:
-                        at_y = y_layout.at(y_row, ow)
-                        out = b.gep(y, [at_y])
-                        value = b.load(out)
-                        if z is not None and block is not None:  # a blocked residual has the output's shape
-                            value = b.fadd(value, b.load(b.gep(z, [at_y])))
-                        elif z_row is not None:
-                            at = z_row if z_strides[3] is None else b.add(z_row, b.mul(ow, z_strides[3]))
-                            value = b.fadd(value, b.load(b.gep(z, [at])))
-                        b.store(ctx.math.activation(activation, list(params), value), out)
+                            for part_lo, part_hi in ((lo, imin(b, hi, interior_lo)), (imax(b, lo, tiles_end), hi)):
+                                with ctx.loop(part_hi, name="ow", start=part_lo) as ow:
+                                    out = b.gep(y, [y_layout.at(y_row, ow)])
+                                    iw = b.add(b.mul(ow, _c(g.stride_w)), offset)
+                                    value = b.load(b.gep(x, [x_layout.at(x_row, iw)]))
+                                    b.store(b.fadd(b.load(out), b.fmul(weight, value, flags=CONTRACT),
+                                                   flags=CONTRACT), out)
+            emit_tiles(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi)
+            if z is not None or activation:
+                for oc, y_row in zip(channels, y_rows):
+                    emit_epilogue(n, oc, oh, y_row)
+
+    def emit_tiles(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi) -> None:
+        """The interior columns in tiles of ``TILE_VECTORS`` vectors, then of one vector,
+        ``len(channels)`` output channels at a time, accumulated in registers over input
+        channels and taps."""
+        emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, tiles, interior_lo, TILE_VECTORS)
+        emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, singles, wide_end, 1)
+
+    def emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, vectors) -> None:
+        vt = ir.VectorType(t, width)
+        slots = [[ctx.alloca(vt, name=f"acc{j}_{v}") for v in range(vectors)] for j in range(len(channels))]
+        with ctx.loop(count, name="tile") as tile:
+            ow0 = b.add(first, b.mul(tile, _c(vectors * width)))
+            for bias_value, row_slots in zip(biases, slots):
+                start = splat(b, bias_value, width)
+                for slot in row_slots:
+                    b.store(start, slot)
+            with ctx.loop(group_in, name="tic") as ic:
+                channel = b.add(b.mul(grp, _c(group_in)), ic)
+                with ctx.loop(kh_hi, name="tkh", start=kh_lo) as kh:
+                    x_row = b.add(x_layout.row(n, channel, b.add(top, b.mul(kh, _c(g.dil_h)))), ow0)
+                    w_rows = [b.mul(b.add(b.mul(b.add(b.mul(oc, _c(group_in)), ic), _c(g.k_h)), kh), _c(g.k_w))
+                              for oc in channels]
+                    acc = [[b.load(slot) for slot in row_slots] for row_slots in slots]
+                    for kw, (offset, _, _) in enumerate(column_ranges):
+                        at = b.add(x_row, offset)
+                        xs = [b.load(vector_pointer(b, x, b.add(at, _c(v * width)), width), align=4)
+                              for v in range(vectors)]
+                        for j, w_row in enumerate(w_rows):
+                            weight = splat(b, b.load(b.gep(w, [b.add(w_row, _c(kw))])), width)
+                            acc[j] = [fmuladd(ctx, weight, xv, a) for xv, a in zip(xs, acc[j])]
+                    for values, row_slots in zip(acc, slots):
+                        for value, slot in zip(values, row_slots):
+                            b.store(value, slot)
+            for y_row, row_slots in zip(y_rows, slots):
+                for v, slot in enumerate(row_slots):
+                    b.store(b.load(slot), vector_pointer(b, y, b.add(b.add(y_row, ow0), _c(v * width)), width),
+                            align=4)
+
+    def emit_epilogue(n, oc, oh, y_row) -> None:
+        """``y = act(y + z)`` over the finished row of output channel ``oc``."""
+        z_row = None
+        if z_strides is not None:
+            z_row = _c(0)
+            for index, stride in zip((n, oc, oh), z_strides[:3]):
+                if stride is not None:
+                    z_row = b.add(z_row, b.mul(index, stride))
+        with ctx.loop(out_w, name="owe") as ow:
+            at_y = y_layout.at(y_row, ow)
+            out = b.gep(y, [at_y])
+            value = b.load(out)
+            if z is not None and block is not None:  # a blocked residual has the output's shape
+                value = b.fadd(value, b.load(b.gep(z, [at_y])))
+            elif z_row is not None:
+                at = z_row if z_strides[3] is None else b.add(z_row, b.mul(ow, z_strides[3]))
+                value = b.fadd(value, b.load(b.gep(z, [at])))
+            b.store(ctx.math.activation(activation, list(params), value), out)
+
+    tail = group_out % BLOCK_CHANNELS
+    with ctx.loop(ctx.dim(g.batch), name="n") as n:
+        with ctx.loop(blocks_hi, name="blk", start=blocks_lo) as index:
+            grp = b.sdiv(index, _c(per_group))
+            first = b.mul(b.srem(index, _c(per_group)), _c(BLOCK_CHANNELS))
+            oc0 = b.add(b.mul(grp, _c(group_out)), first)
+            if tail == 0:
+                emit_block(n, grp, oc0, min(BLOCK_CHANNELS, group_out))
+            else:
+                with b.if_else(b.icmp_signed("<=", b.add(first, _c(BLOCK_CHANNELS)), _c(group_out))) as (full, part):
+                    with full:
+                        emit_block(n, grp, oc0, BLOCK_CHANNELS)
+                    with part:
+                        emit_block(n, grp, oc0, tail)
+
+
+#: A convolution whose products have at least this many taps (input channels per group times
+#: the kernel's size) and this many output channels per group stays on the reference kernel
+#: (an im2col product on BLAS) when its spatial dims are symbolic: measured on the corpus, the
+#: direct kernel is 2-5x slower there (YOLO- and CRNN-sized layers); a product-based kernel
+#: with runtime sizes is the next step.
+GEMM_TAPS, GEMM_CHANNELS = 128, 32
+
+
+def check_direct_pays(ctx: KernelContext, block: int | None = None) -> None:
+    """:class:`Unsupported` for a convolution too large for the runtime-bounds direct kernel
+    (see :data:`GEMM_TAPS`)."""
+    g = symbolic_geometry(ctx, block)
+    taps = g.channels // g.group * g.k_h * g.k_w
+    if taps >= GEMM_TAPS and g.out_channels // g.group >= GEMM_CHANNELS:
+        raise Unsupported(f"symbolic spatial dims with {taps} taps x {g.out_channels // g.group} output channels: "
+                          "the reference's im2col product (BLAS) is faster than the direct kernel here")
 
 
 def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
@@ -228,4 +334,5 @@ def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
 
 
 __all__ = ["SymbolicGeometry", "symbolic_geometry", "emit_symbolic_conv", "has_symbolic_spatial_dims", "begin_pad",
+           "check_direct_pays", "GEMM_TAPS", "GEMM_CHANNELS",
            "ceil_div", "imax", "imin"]

@@ -1,5 +1,7 @@
 """Resize (and the old Upsample): nearest, linear and cubic resampling of static shapes
-with constant scales or sizes (and roi).
+with constant scales or sizes (and roi); over symbolic dims, nearest upsampling by
+whole-number scales (asymmetric coordinates, floor rounding: what detection and OCR
+feature pyramids use), the loop bounds read at run time.
 
 The reference kernel's own helpers (:mod:`egraft.ir.ops.nn_spatial`) compute, at compile
 time, which input positions each output index of each axis reads and with which weights
@@ -95,11 +97,69 @@ def _global_array(ctx: KernelContext, name: str, element: ir.Type, values) -> ir
     return ctx.builder.gep(g, [ir.Constant(I64, 0), ir.Constant(I64, 0)])
 
 
+def _integer_scales(ctx: KernelContext, op: str, rank: int) -> list[int] | None:
+    """The scale of every axis when all are constant whole numbers (an integer upsampling),
+    else ``None``."""
+    _, scales_slot, sizes_slot = _input_slots(ctx, op)
+    if sizes_slot is not None and _constant_or_none(ctx, sizes_slot) is not None:
+        return None
+    scales = ctx.attr("scales") if scales_slot is None else _constant_or_none(ctx, scales_slot)
+    if scales is None:
+        return None
+    scales = [float(np.float32(v)) for v in scales]
+    axes = _resize_axes(ctx, rank) if op == "Resize" else list(range(rank))
+    if len(scales) != len(axes) or not all(v >= 1 and v.is_integer() for v in scales):
+        return None
+    per_axis = [1] * rank
+    for a, v in zip(axes, scales):
+        per_axis[a] = int(v)
+    return per_axis
+
+
+def _generate_symbolic_nearest(ctx: KernelContext, op: str, shape: list) -> None:
+    """Nearest upsampling by whole-number scales over symbolic dims: output index ``o`` of a
+    scaled axis reads input ``o // scale`` (asymmetric coordinates, floor rounding: exactly
+    ``floor(o / scale)``); the loop bounds are the runtime dims."""
+    opts = _resize_options(ctx, op)
+    if opts.legacy or opts.mode != "nearest" or opts.coordinate_mode != "asymmetric" \
+            or opts.nearest_mode != "floor" or opts.antialias:
+        raise Unsupported("Resize of symbolic dims has generated code only for nearest, asymmetric, floor "
+                          f"(this one: {opts.mode}, {opts.coordinate_mode}, {opts.nearest_mode})")
+    scales = _integer_scales(ctx, op, len(shape))
+    if scales is None:
+        raise Unsupported("Resize of symbolic dims has generated code only for constant whole-number scales")
+    out = list(ctx.shape(ctx.out_type(0)))
+    b = ctx.builder
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    in_strides = [ctx.dim(sympy_product(shape[a + 1:])) for a in range(len(shape))]
+    out_strides = [ctx.dim(sympy_product(out[a + 1:])) for a in range(len(out))]
+
+    def nest(axis: int, in_offset, out_offset) -> None:
+        if axis == len(out):
+            b.store(b.load(b.gep(x, [in_offset])), b.gep(y, [out_offset]))
+            return
+        with ctx.loop(ctx.dim(out[axis]), name=f"o{axis}") as o:
+            source = o if scales[axis] == 1 else b.sdiv(o, ir.Constant(I64, scales[axis]))
+            nest(axis + 1, b.add(in_offset, b.mul(source, in_strides[axis])),
+                 b.add(out_offset, b.mul(o, out_strides[axis])))
+
+    nest(0, ir.Constant(I64, 0), ir.Constant(I64, 0))
+
+
+def sympy_product(dims) -> object:
+    """The product of ``dims`` (ints or sympy expressions); 1 for none."""
+    total = 1
+    for d in dims:
+        total = total * d
+    return total
+
+
 def _generate(ctx: KernelContext, op: str) -> None:
     x_type, y_type = ctx.in_type(0), ctx.out_type(0)
     shape = list(ctx.shape(x_type))
     if not all(isinstance(d, int) for d in shape):
-        raise Unsupported("Resize of symbolic dims has no generated code")
+        _generate_symbolic_nearest(ctx, op, shape)
+        return
     element = llvm_type(x_type.dtype)
     opts, out, tables = _tables(ctx, op, shape)
     if list(ctx.shape(y_type)) != out:
