@@ -433,3 +433,17 @@ def test_diff_gate_exits_1_on_a_slower_or_broken_model(tmp_path):
     assert tighter.returncode == 1 and "m2: slower" in tighter.stderr
     plain = zoo("diff", "a", "b", "--db", str(db), cwd=tmp_path, timeout=60)
     assert plain.returncode == 0 and "m1" in plain.stdout
+
+
+def test_names_with_brackets_print_as_written(tmp_path):
+    """Run and model names are user text: the consoles print them literally (no rich markup,
+    no escaping backslashes)."""
+    db = tmp_path / "zoo.sqlite"
+    store = ZooStore(db)
+    store.begin_run("nightly[v2]", {})
+    store.put("nightly[v2]", {"model": "det[int8]", "key": "k", "status": "error", "error": "bad [value]",
+                              "finished": "2026-12-04T00:00:00+00:00"})
+    store.close()
+    shown = zoo("show", "nightly[v2]", "--db", str(db), cwd=tmp_path, timeout=60)
+    assert shown.returncode == 0 and "run nightly[v2]: 0 of 1 ok" in shown.stdout
+    assert "det[int8]" in shown.stdout and "bad [value]" in shown.stdout and "\\[" not in shown.stdout

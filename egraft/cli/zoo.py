@@ -26,7 +26,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from egraft.cli.common import console, err_console, fail, parse_bindings, refuse_overwrite
@@ -272,7 +271,7 @@ def show_command(
         print(json.dumps(rows, indent=2))
         return
     bad = sum(r["status"] != "ok" for r in rows)
-    _print_rows(rows, title=f"run {escape(info.name)}: {len(rows) - bad} of {len(rows)} ok")
+    _print_rows(rows, title=f"run {info.name}: {len(rows) - bad} of {len(rows)} ok")
 
 
 @zoo_app.command("runs")
@@ -355,7 +354,7 @@ def diff_command(
     if as_json:
         print(json.dumps(entries, indent=2))
     else:
-        table = Table(title=f"{escape(run_a)} -> {escape(run_b)}")
+        table = Table(title=f"{run_a} -> {run_b}")
         for col in ("model", "status", "egraft ms", "speed ratio", "optimize s", "optimize ratio", "nodes after"):
             table.add_column(col, justify="left" if col in ("model", "status") else "right")
         for e in entries:
