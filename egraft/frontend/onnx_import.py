@@ -92,6 +92,10 @@ def load(source: ModelSource) -> Graph:
     importer = _Importer(opsets)
     graph = importer.import_graph(model.graph, outer={})
     graph.doc = model.doc_string
+    from egraft import trace
+
+    if trace.enabled("shapes"):
+        trace.trace_shapes(graph)
     return graph
 
 

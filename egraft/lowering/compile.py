@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from egraft import trace
 from egraft.ir.dims import dim_product, dim_symbols, dims_equal
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.infer import node_opset, resolve_op
@@ -213,6 +214,11 @@ def lower(graph: Graph) -> Lowered:
     for step in steps:
         if step.kind == "fallback":
             runtime_constants.update(v.name for v in step.node.inputs if v is not None and v.const is not None)
+    if trace.enabled("lower"):
+        for step in steps:
+            why = f": {step.reason}" if step.kind == "fallback" else ""
+            outs = ", ".join(f"%{v.name}" for v in step.node.outputs if v is not None)
+            trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from egraft import trace
 from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
@@ -129,6 +130,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     nodes_before = snapshot.num_nodes
     stop = "iteration limit"
     iteration = 0
+    tracing = trace.enabled("rules")
     for iteration in range(1, budget.iterations + 1):
         changed = False
         any_banned = False
@@ -177,6 +179,9 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                 for root_ref, new_ref in pairs:
                     state.union_refs(root_ref, new_ref)
                 stats[name].applied += 1
+                if tracing:
+                    classes = ", ".join(str(root) for root, _ in pairs)
+                    trace.emit("rules", f"{name}: round {iteration}, e-class {classes}")
                 changed = True
             stats[name].seconds += time.perf_counter() - t0
         state.flush()
