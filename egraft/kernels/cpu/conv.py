@@ -36,8 +36,16 @@ from llvmlite import ir
 
 from egraft.ir.ops.nn_spatial import _window
 from egraft.kernels.cpu import conv_symbolic, register_kernel, winograd
-from egraft.kernels.cpu.elementwise import broadcast_strides
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, llvm_type, masked_load, splat
+from egraft.kernels.cpu.emit import (
+    I64,
+    KernelContext,
+    Unsupported,
+    const64,
+    is_float,
+    llvm_type,
+    masked_load,
+    splat,
+)
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Output channels per register block of the vector micro-kernel.
@@ -187,11 +195,6 @@ def conv_geometry(ctx: KernelContext, x_shape: Sequence | None = None,
 
 
 # ---- IR helpers ------------------------------------------------------------------------------------
-def const64(value: int) -> ir.Constant:
-    """An ``i64`` constant."""
-    return ir.Constant(I64, int(value))
-
-
 def affine(b: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int | ir.Value]], offset: int = 0) -> ir.Value:
     """``sum(value * coefficient) + offset`` as an ``i64`` (zero coefficients are skipped).
 
@@ -499,13 +502,7 @@ class ConvEmitter:
     def emit_epilogue(self, row: _Row) -> None:
         """``y = act(y + z)`` over the finished row of each channel of the block."""
         g, b, ctx = self.geo, self.b, self.ctx
-        out_shape = ctx.shape(ctx.out_type(0))
-        z_strides = None
-        if self.z is not None:
-            strides = broadcast_strides(ctx.shape(ctx.in_type(self.operands.residual)), out_shape)
-            z_strides = [ctx.dim(s) if s != 0 else None for s in strides]
-            if len(out_shape) == 3:  # 1-D: (n, c, w) -> (n, c, h = 1, w)
-                z_strides = [z_strides[0], z_strides[1], None, z_strides[2]]
+        z_strides = conv_symbolic.residual_strides(ctx, self.operands.residual) if self.z is not None else None
         with ctx.loop(row.block, name="j") as j:
             oc = b.add(row.oc0, j)
             y_row = self.y_row(row, oc)

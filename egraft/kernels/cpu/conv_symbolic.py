@@ -31,17 +31,13 @@ from llvmlite import ir
 from egraft.ir.ops.layout import unblocked_shape
 from egraft.ir.ops.nn_spatial import _SAME, _window
 from egraft.kernels.cpu.elementwise import broadcast_strides
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, floor_div, splat
+from egraft.kernels.cpu.emit import KernelContext, Unsupported, ceil_div, const64, floor_div, imax, imin, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 CONTRACT = ("contract",)
 #: Output channels per register block, and vectors of output columns per tile (interior columns).
 BLOCK_CHANNELS = 4
 TILE_VECTORS = 3
-
-
-def _c(value: int) -> ir.Constant:
-    return ir.Constant(I64, int(value))
 
 
 @dataclass(frozen=True)
@@ -117,21 +113,6 @@ def symbolic_geometry(ctx: KernelContext, block: int | None = None) -> SymbolicG
                             win.dilations[0], win.dilations[1])
 
 
-def ceil_div(b: ir.IRBuilder, n: ir.Value, d: int) -> ir.Value:
-    """``ceil(n / d)`` for a positive constant ``d``."""
-    return b.neg(floor_div(b, b.neg(n), d))
-
-
-def imax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    """The larger of two ``i64`` values."""
-    return b.select(b.icmp_signed(">", x, y), x, y)
-
-
-def imin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    """The smaller of two ``i64`` values."""
-    return b.select(b.icmp_signed("<", x, y), x, y)
-
-
 class _Layout:
     """Where element ``(n, c, h, w)`` of an ``[N, C, H, W]`` tensor lives: plain NCHW, or
     channel-blocked (``[N, C/block, H, W, block]``): a row's base offset and the step
@@ -139,16 +120,16 @@ class _Layout:
 
     def __init__(self, b: ir.IRBuilder, channels: int, height: ir.Value, width: ir.Value, block: int | None):
         self.b, self.channels, self.height, self.width, self.block = b, channels, height, width, block
-        self.step = _c(block or 1)
+        self.step = const64(block or 1)
 
     def row(self, n: ir.Value, c: ir.Value, h: ir.Value) -> ir.Value:
         b = self.b
         if self.block is None:
-            plane = b.add(b.mul(n, _c(self.channels)), c)
+            plane = b.add(b.mul(n, const64(self.channels)), c)
             return b.mul(b.add(b.mul(plane, self.height), h), self.width)
-        plane = b.add(b.mul(n, _c(self.channels // self.block)), b.sdiv(c, _c(self.block)))
-        row = b.mul(b.add(b.mul(plane, self.height), h), b.mul(self.width, _c(self.block)))
-        return b.add(row, b.srem(c, _c(self.block)))
+        plane = b.add(b.mul(n, const64(self.channels // self.block)), b.sdiv(c, const64(self.block)))
+        row = b.mul(b.add(b.mul(plane, self.height), h), b.mul(self.width, const64(self.block)))
+        return b.add(row, b.srem(c, const64(self.block)))
 
     def at(self, row: ir.Value, column: ir.Value) -> ir.Value:
         return self.b.add(row, column if self.block is None else self.b.mul(column, self.step))
@@ -171,20 +152,12 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     x_layout = _Layout(b, g.channels, in_h, in_w, block)
     y_layout = _Layout(b, g.out_channels, out_h, out_w, block)
     group_in, group_out = g.channels // g.group, g.out_channels // g.group
-    z_strides = None
-    if z is not None and block is None:
-        out_shape = ctx.shape(ctx.out_type(0))
-        strides = broadcast_strides(ctx.shape(ctx.in_type(residual)), out_shape)
-        z_strides = [ctx.dim(s) if s != 0 else None for s in strides]
-        if len(out_shape) == 3:  # 1-D: (n, c, w) -> (n, c, h = 1, w)
-            z_strides = [z_strides[0], z_strides[1], None, z_strides[2]]
+    z_strides = residual_strides(ctx, residual) if z is not None and block is None else None
     # the output columns [lo, hi) whose tap kw is inside the input, per kw (the same for every row)
     column_ranges = []
     for kw in range(g.k_w):
-        offset = b.sub(_c(kw * g.dil_w), pad_w)  # input column = ow * stride + offset
-        lo = imax(b, _c(0), ceil_div(b, b.neg(offset), g.stride_w))
-        hi = imin(b, out_w, b.add(floor_div(b, b.sub(b.sub(in_w, _c(1)), offset), g.stride_w), _c(1)))
-        column_ranges.append((offset, lo, hi))
+        offset = b.sub(const64(kw * g.dil_w), pad_w)  # input column = ow * stride + offset
+        column_ranges.append((offset, *valid_range(b, offset, g.stride_w, in_w, out_w)))
     # vector tiles over the interior columns (every tap inside) at unit stride, plain layout
     width = max(1, host_vector_bits() // (32 if str(t) == "float" else 64))
     span = TILE_VECTORS * width
@@ -193,41 +166,40 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
         interior_hi = column_ranges[0][2]
         for _, lo, hi in column_ranges[1:]:
             interior_lo, interior_hi = imax(b, interior_lo, lo), imin(b, interior_hi, hi)
-        tiles = floor_div(b, imax(b, _c(0), b.sub(interior_hi, interior_lo)), span)
-        wide_end = b.add(interior_lo, b.mul(tiles, _c(span)))
-        singles = floor_div(b, imax(b, _c(0), b.sub(interior_hi, wide_end)), width)  # one-vector tiles after
+        tiles = floor_div(b, imax(b, const64(0), b.sub(interior_hi, interior_lo)), span)
+        wide_end = b.add(interior_lo, b.mul(tiles, const64(span)))
+        singles = floor_div(b, imax(b, const64(0), b.sub(interior_hi, wide_end)), width)  # one-vector tiles after
     else:
-        interior_lo, tiles, singles = out_w, _c(0), _c(0)
+        interior_lo, tiles, singles = out_w, const64(0), const64(0)
         wide_end = out_w
-    tiles_end = b.add(wide_end, b.mul(singles, _c(width)))
+    tiles_end = b.add(wide_end, b.mul(singles, const64(width)))
     zero = ir.Constant(t, 0.0)
     per_group = -(-group_out // BLOCK_CHANNELS)
     blocks_lo, blocks_hi = ctx.share(g.group * per_group)
 
     def emit_block(n: ir.Value, grp: ir.Value, oc0: ir.Value, size: int) -> None:
         """Output channels ``oc0 .. oc0 + size`` (of group ``grp``) of image ``n``, row by row."""
-        channels = [b.add(oc0, _c(j)) for j in range(size)]
+        channels = [b.add(oc0, const64(j)) for j in range(size)]
         biases = [b.load(b.gep(bias_ptr, [oc])) if bias_ptr is not None else zero for oc in channels]
         with ctx.loop(out_h, name="oh") as oh:
             y_rows = [y_layout.row(n, oc, oh) for oc in channels]
-            top = b.sub(b.mul(oh, _c(g.stride_h)), pad_h)  # input row of kernel row 0
-            kh_lo = imax(b, _c(0), ceil_div(b, b.neg(top), g.dil_h))
-            kh_hi = imin(b, _c(g.k_h), b.add(floor_div(b, b.sub(b.sub(in_h, _c(1)), top), g.dil_h), _c(1)))
+            top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)  # input row of kernel row 0
+            kh_lo, kh_hi = valid_range(b, top, g.dil_h, in_h, const64(g.k_h))
             for oc, y_row, bias_value in zip(channels, y_rows, biases):  # border columns, one tap at a time
                 with ctx.loop(out_w, name="ow0") as ow:
                     b.store(bias_value, b.gep(y, [y_layout.at(y_row, ow)]))
                 with ctx.loop(group_in, name="ic") as ic:
-                    channel = b.add(b.mul(grp, _c(group_in)), ic)
-                    w_base = b.mul(b.add(b.mul(oc, _c(group_in)), ic), _c(g.k_h * g.k_w))
+                    channel = b.add(b.mul(grp, const64(group_in)), ic)
+                    w_base = b.mul(b.add(b.mul(oc, const64(group_in)), ic), const64(g.k_h * g.k_w))
                     with ctx.loop(kh_hi, name="kh", start=kh_lo) as kh:
-                        x_row = x_layout.row(n, channel, b.add(top, b.mul(kh, _c(g.dil_h))))
-                        w_row = b.add(w_base, b.mul(kh, _c(g.k_w)))
+                        x_row = x_layout.row(n, channel, b.add(top, b.mul(kh, const64(g.dil_h))))
+                        w_row = b.add(w_base, b.mul(kh, const64(g.k_w)))
                         for kw, (offset, lo, hi) in enumerate(column_ranges):
-                            weight = b.load(b.gep(w, [b.add(w_row, _c(kw))]))
+                            weight = b.load(b.gep(w, [b.add(w_row, const64(kw))]))
                             for part_lo, part_hi in ((lo, imin(b, hi, interior_lo)), (imax(b, lo, tiles_end), hi)):
                                 with ctx.loop(part_hi, name="ow", start=part_lo) as ow:
                                     out = b.gep(y, [y_layout.at(y_row, ow)])
-                                    iw = b.add(b.mul(ow, _c(g.stride_w)), offset)
+                                    iw = b.add(b.mul(ow, const64(g.stride_w)), offset)
                                     value = b.load(b.gep(x, [x_layout.at(x_row, iw)]))
                                     b.store(b.fadd(b.load(out), b.fmul(weight, value, flags=CONTRACT),
                                                    flags=CONTRACT), out)
@@ -247,38 +219,38 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
         vt = ir.VectorType(t, width)
         slots = [[ctx.alloca(vt, name=f"acc{j}_{v}") for v in range(vectors)] for j in range(len(channels))]
         with ctx.loop(count, name="tile") as tile:
-            ow0 = b.add(first, b.mul(tile, _c(vectors * width)))
+            ow0 = b.add(first, b.mul(tile, const64(vectors * width)))
             for bias_value, row_slots in zip(biases, slots):
                 start = splat(b, bias_value, width)
                 for slot in row_slots:
                     b.store(start, slot)
             with ctx.loop(group_in, name="tic") as ic:
-                channel = b.add(b.mul(grp, _c(group_in)), ic)
+                channel = b.add(b.mul(grp, const64(group_in)), ic)
                 with ctx.loop(kh_hi, name="tkh", start=kh_lo) as kh:
-                    x_row = b.add(x_layout.row(n, channel, b.add(top, b.mul(kh, _c(g.dil_h)))), ow0)
-                    w_rows = [b.mul(b.add(b.mul(b.add(b.mul(oc, _c(group_in)), ic), _c(g.k_h)), kh), _c(g.k_w))
-                              for oc in channels]
+                    x_row = b.add(x_layout.row(n, channel, b.add(top, b.mul(kh, const64(g.dil_h)))), ow0)
+                    w_rows = [b.mul(b.add(b.mul(b.add(b.mul(oc, const64(group_in)), ic), const64(g.k_h)), kh),
+                                    const64(g.k_w)) for oc in channels]
                     acc = [[b.load(slot) for slot in row_slots] for row_slots in slots]
                     for kw, (offset, _, _) in enumerate(column_ranges):
                         at = b.add(x_row, offset)
-                        xs = [b.load(vector_pointer(b, x, b.add(at, _c(v * width)), width), align=4)
+                        xs = [b.load(vector_pointer(b, x, b.add(at, const64(v * width)), width), align=4)
                               for v in range(vectors)]
                         for j, w_row in enumerate(w_rows):
-                            weight = splat(b, b.load(b.gep(w, [b.add(w_row, _c(kw))])), width)
+                            weight = splat(b, b.load(b.gep(w, [b.add(w_row, const64(kw))])), width)
                             acc[j] = [fmuladd(ctx, weight, xv, a) for xv, a in zip(xs, acc[j])]
                     for values, row_slots in zip(acc, slots):
                         for value, slot in zip(values, row_slots):
                             b.store(value, slot)
             for y_row, row_slots in zip(y_rows, slots):
                 for v, slot in enumerate(row_slots):
-                    b.store(b.load(slot), vector_pointer(b, y, b.add(b.add(y_row, ow0), _c(v * width)), width),
+                    b.store(b.load(slot), vector_pointer(b, y, b.add(b.add(y_row, ow0), const64(v * width)), width),
                             align=4)
 
     def emit_epilogue(n, oc, oh, y_row) -> None:
         """``y = act(y + z)`` over the finished row of output channel ``oc``."""
         z_row = None
         if z_strides is not None:
-            z_row = _c(0)
+            z_row = const64(0)
             for index, stride in zip((n, oc, oh), z_strides[:3]):
                 if stride is not None:
                     z_row = b.add(z_row, b.mul(index, stride))
@@ -296,13 +268,14 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     tail = group_out % BLOCK_CHANNELS
     with ctx.loop(ctx.dim(g.batch), name="n") as n:
         with ctx.loop(blocks_hi, name="blk", start=blocks_lo) as index:
-            grp = b.sdiv(index, _c(per_group))
-            first = b.mul(b.srem(index, _c(per_group)), _c(BLOCK_CHANNELS))
-            oc0 = b.add(b.mul(grp, _c(group_out)), first)
+            grp = b.sdiv(index, const64(per_group))
+            first = b.mul(b.srem(index, const64(per_group)), const64(BLOCK_CHANNELS))
+            oc0 = b.add(b.mul(grp, const64(group_out)), first)
             if tail == 0:
                 emit_block(n, grp, oc0, min(BLOCK_CHANNELS, group_out))
             else:
-                with b.if_else(b.icmp_signed("<=", b.add(first, _c(BLOCK_CHANNELS)), _c(group_out))) as (full, part):
+                whole = b.icmp_signed("<=", b.add(first, const64(BLOCK_CHANNELS)), const64(group_out))
+                with b.if_else(whole) as (full, part):
                     with full:
                         emit_block(n, grp, oc0, BLOCK_CHANNELS)
                     with part:
@@ -327,6 +300,27 @@ def check_direct_pays(ctx: KernelContext, block: int | None = None) -> None:
                           "the reference's im2col product (BLAS) is faster than the direct kernel here")
 
 
+def valid_range(b: ir.IRBuilder, start: ir.Value, step: int, length: ir.Value,
+                count: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``[lo, hi)``: the ``k`` in ``[0, count)`` for which ``start + k * step`` is inside
+    ``[0, length)``, computed at run time (the runtime twin of
+    :func:`egraft.kernels.cpu.conv.tap_range`); empty when ``hi <= lo``."""
+    lo = imax(b, const64(0), ceil_div(b, b.neg(start), step))
+    hi = imin(b, count, b.add(floor_div(b, b.sub(b.sub(length, const64(1)), start), step), const64(1)))
+    return lo, hi
+
+
+def residual_strides(ctx: KernelContext, residual: int) -> list[ir.Value | None]:
+    """The strides of the residual input (broadcast to the output) along (n, c, h, w) as
+    ``i64`` values, ``None`` where it broadcasts; a 1-D convolution's height is ``None``."""
+    out_shape = ctx.shape(ctx.out_type(0))
+    strides = broadcast_strides(ctx.shape(ctx.in_type(residual)), out_shape)
+    z_strides = [ctx.dim(s) if s != 0 else None for s in strides]
+    if len(out_shape) == 3:  # 1-D: (n, c, w) -> (n, c, h = 1, w)
+        z_strides = [z_strides[0], z_strides[1], None, z_strides[2]]
+    return z_strides
+
+
 def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
     """Whether the node's input or output spatial dims are symbolic (the static kernels refuse those)."""
     return any(not isinstance(d, int) for shape in (ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0)))
@@ -334,5 +328,4 @@ def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
 
 
 __all__ = ["SymbolicGeometry", "symbolic_geometry", "emit_symbolic_conv", "has_symbolic_spatial_dims", "begin_pad",
-           "check_direct_pays", "GEMM_TAPS", "GEMM_CHANNELS",
-           "ceil_div", "imax", "imin"]
+           "check_direct_pays", "residual_strides", "valid_range", "GEMM_TAPS", "GEMM_CHANNELS"]

@@ -295,9 +295,7 @@ class KernelContext(NodeAttrs):
             if den is None:
                 raise Unsupported(f"dim expression {e} has no generated code")
             n = self._dim_expr(num, b)
-            if isinstance(e, sympy.floor):
-                return floor_div(b, n, den)
-            return b.neg(floor_div(b, b.neg(n), den))  # ceil(n/d) = -floor(-n/d)
+            return floor_div(b, n, den) if isinstance(e, sympy.floor) else ceil_div(b, n, den)
         if isinstance(e, sympy.Mod) and e.args[1].is_Integer and int(e.args[1]) > 0:
             n, m = self._dim_expr(e.args[0], b), int(e.args[1])
             return b.sub(n, b.mul(floor_div(b, n, m), ir.Constant(I64, m)))
@@ -319,11 +317,11 @@ class KernelContext(NodeAttrs):
                 out = b.mul(out, base)
             return out
         if isinstance(e, sympy.Max | sympy.Min):
+            pick = imax if isinstance(e, sympy.Max) else imin
             parts = [self._dim_expr(a, b) for a in e.args]
             out = parts[0]
             for p in parts[1:]:
-                pick = b.icmp_signed(">" if isinstance(e, sympy.Max) else "<", out, p)
-                out = b.select(pick, out, p)
+                out = pick(b, out, p)
             return out
         raise Unsupported(f"dim expression {e} has no generated code")
 
@@ -547,6 +545,26 @@ def _integer_fraction(e: sympy.Expr) -> tuple[sympy.Expr, int | None]:
     if int(den) < 0:
         num, den = -num, -den
     return sympy.expand(num), int(den)
+
+
+def const64(value: int) -> ir.Constant:
+    """An ``i64`` constant."""
+    return ir.Constant(I64, int(value))
+
+
+def imax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The larger of two ``i64`` values."""
+    return b.select(b.icmp_signed(">", x, y), x, y)
+
+
+def imin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The smaller of two ``i64`` values."""
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def ceil_div(b: ir.IRBuilder, n: ir.Value, d: int) -> ir.Value:
+    """``ceil(n / d)`` for a positive constant ``d``."""
+    return b.neg(floor_div(b, b.neg(n), d))
 
 
 def floor_div(b: ir.IRBuilder, n: ir.Value, d: int) -> ir.Value:

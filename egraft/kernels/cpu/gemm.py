@@ -37,7 +37,7 @@ from llvmlite import ir
 from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
-from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, imin, is_float, llvm_type
 from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN, BIAS_PER_ROW, Epilogue, emit_call
 
 #: Output columns per cache block of the axpy form (a block of ``b`` is BLOCK_K x BLOCK_N).
@@ -110,11 +110,6 @@ def _cdiv(ctx: KernelContext, n: ir.Value, block: int) -> ir.Value:
     """``ceil(n / block)`` as an i64."""
     b = ctx.builder
     return b.sdiv(b.add(n, ir.Constant(I64, block - 1)), ir.Constant(I64, block))
-
-
-def _min(ctx: KernelContext, x: ir.Value, y: ir.Value) -> ir.Value:
-    b = ctx.builder
-    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def offset_of(ctx: KernelContext, base: ir.Value, *terms: tuple[ir.Value, Dim]) -> ir.Value:
@@ -268,10 +263,10 @@ def _gemm_axpy(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_o
 
     with ctx.loop(_cdiv(ctx, n_, BLOCK_N), name="jb") as jb:
         j0 = bld.mul(jb, ir.Constant(I64, BLOCK_N))
-        j1 = _min(ctx, bld.add(j0, ir.Constant(I64, BLOCK_N)), n_)
+        j1 = imin(ctx.builder, bld.add(j0, ir.Constant(I64, BLOCK_N)), n_)
         with ctx.loop(_cdiv(ctx, k_, BLOCK_K), name="kb") as kb:
             k0 = bld.mul(kb, ir.Constant(I64, BLOCK_K))
-            k1 = _min(ctx, bld.add(k0, ir.Constant(I64, BLOCK_K)), k_)
+            k1 = imin(ctx.builder, bld.add(k0, ir.Constant(I64, BLOCK_K)), k_)
             row_steps = bld.sdiv(m_, ir.Constant(I64, ROWS_PER_STEP))
             with ctx.loop(row_steps, name="ib") as ib:
                 first = bld.mul(ib, ir.Constant(I64, ROWS_PER_STEP))
@@ -305,7 +300,7 @@ def _gemm_dot(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
 
     with ctx.loop(_cdiv(ctx, n_, DOT_BLOCK_N), name="jb") as jb:
         j0 = bld.mul(jb, ir.Constant(I64, DOT_BLOCK_N))
-        j1 = _min(ctx, bld.add(j0, ir.Constant(I64, DOT_BLOCK_N)), n_)
+        j1 = imin(ctx.builder, bld.add(j0, ir.Constant(I64, DOT_BLOCK_N)), n_)
         with ctx.loop(m_, name="i") as i:
             steps = bld.sdiv(bld.sub(j1, j0), ir.Constant(I64, COLS_PER_STEP))
             with ctx.loop(steps, name="jj") as jj:

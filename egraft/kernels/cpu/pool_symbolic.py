@@ -19,12 +19,8 @@ from llvmlite import ir
 
 from egraft.ir.ops.nn_spatial import _pool_window
 from egraft.kernels.cpu.conv import vector_pointer
-from egraft.kernels.cpu.conv_symbolic import begin_pad, ceil_div, imax, imin
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, floor_div, splat
-
-
-def _c(value: int) -> ir.Constant:
-    return ir.Constant(I64, int(value))
+from egraft.kernels.cpu.conv_symbolic import begin_pad, has_symbolic_spatial_dims, valid_range
+from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, const64, splat
 
 
 def emit_symbolic_pool(ctx: KernelContext, t: ir.Type, start: float, combine, average: bool) -> None:
@@ -60,38 +56,34 @@ def emit_symbolic_pool(ctx: KernelContext, t: ir.Type, start: float, combine, av
     first = ir.Constant(et, start if lanes == 1 else [start] * lanes)
 
     def element(ptr: ir.Value, index: ir.Value) -> ir.Value:
-        return b.gep(ptr, [index]) if lanes == 1 else vector_pointer(b, ptr, b.mul(index, _c(lanes)), lanes)
+        return b.gep(ptr, [index]) if lanes == 1 else vector_pointer(b, ptr, b.mul(index, const64(lanes)), lanes)
 
     columns = []  # per kernel column: (input offset, first and last + 1 output column inside the input)
     for kw in range(kernel[1]):
-        offset = b.sub(_c(kw * dilations[1]), pad_w)
-        lo = imax(b, _c(0), ceil_div(b, b.neg(offset), strides[1]))
-        hi = imin(b, out_w, b.add(floor_div(b, b.sub(b.sub(in_w, _c(1)), offset), strides[1]), _c(1)))
-        columns.append((offset, lo, hi))
+        offset = b.sub(const64(kw * dilations[1]), pad_w)
+        columns.append((offset, *valid_range(b, offset, strides[1], in_w, out_w)))
     planes_lo, planes_hi = ctx.share(ctx.dim(x_shape[0] * x_shape[1]))
     with ctx.loop(planes_hi, name="nc", start=planes_lo) as nc:
         with ctx.loop(out_h, name="oh") as oh:
             y_row = b.mul(b.add(b.mul(nc, out_h), oh), out_w)
             with ctx.loop(out_w, name="ow0") as ow:
                 b.store(first, element(y, b.add(y_row, ow)), align=4)
-            top = b.sub(b.mul(oh, _c(strides[0])), pad_h)
-            kh_lo = imax(b, _c(0), ceil_div(b, b.neg(top), dilations[0]))
-            kh_hi = imin(b, _c(kernel[0]), b.add(floor_div(b, b.sub(b.sub(in_h, _c(1)), top), dilations[0]),
-                                                      _c(1)))
+            top = b.sub(b.mul(oh, const64(strides[0])), pad_h)
+            kh_lo, kh_hi = valid_range(b, top, dilations[0], in_h, const64(kernel[0]))
             with ctx.loop(kh_hi, name="kh", start=kh_lo) as kh:
-                ih = b.add(top, b.mul(kh, _c(dilations[0])))
+                ih = b.add(top, b.mul(kh, const64(dilations[0])))
                 x_row = b.mul(b.add(b.mul(nc, in_h), ih), in_w)
                 for offset, lo, hi in columns:
                     x_tap = b.add(x_row, offset)
                     with ctx.loop(hi, name="ow", start=lo) as ow:
                         out = element(y, b.add(y_row, ow))
-                        value = b.load(element(x, b.add(x_tap, b.mul(ow, _c(strides[1])))), align=4)
+                        value = b.load(element(x, b.add(x_tap, b.mul(ow, const64(strides[1])))), align=4)
                         b.store(combine(b, ctx.math, b.load(out, align=4), value), out, align=4)
             if average:
                 rows = b.sub(kh_hi, kh_lo)
-                rows = b.select(b.icmp_signed("<", rows, _c(0)), _c(0), rows)
+                rows = b.select(b.icmp_signed("<", rows, const64(0)), const64(0), rows)
                 with ctx.loop(out_w, name="ow1") as ow:
-                    taps = _c(0)
+                    taps = const64(0)
                     for _, lo, hi in columns:
                         inside = b.and_(b.icmp_signed(">=", ow, lo), b.icmp_signed("<", ow, hi))
                         taps = b.add(taps, b.zext(inside, I64))
@@ -100,12 +92,6 @@ def emit_symbolic_pool(ctx: KernelContext, t: ir.Type, start: float, combine, av
                         count = splat(b, count, lanes)
                     out = element(y, b.add(y_row, ow))
                     b.store(b.fdiv(b.load(out, align=4), count), out, align=4)
-
-
-def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
-    """Whether the pool's input or output spatial dims are symbolic."""
-    return any(not isinstance(d, int) for shape in (ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0)))
-               for d in shape[2:])
 
 
 __all__ = ["emit_symbolic_pool", "has_symbolic_spatial_dims"]

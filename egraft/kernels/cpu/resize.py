@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from egraft.ir.dims import dim_product
 from egraft.ir.ops.nn_spatial import (
     _input_slots,
     _interpolation_taps,
@@ -131,8 +132,8 @@ def _generate_symbolic_nearest(ctx: KernelContext, op: str, shape: list) -> None
     out = list(ctx.shape(ctx.out_type(0)))
     b = ctx.builder
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
-    in_strides = [ctx.dim(sympy_product(shape[a + 1:])) for a in range(len(shape))]
-    out_strides = [ctx.dim(sympy_product(out[a + 1:])) for a in range(len(out))]
+    in_strides = [ctx.dim(dim_product(shape[a + 1:])) for a in range(len(shape))]
+    out_strides = [ctx.dim(dim_product(out[a + 1:])) for a in range(len(out))]
 
     def nest(axis: int, in_offset, out_offset) -> None:
         if axis == len(out):
@@ -144,14 +145,6 @@ def _generate_symbolic_nearest(ctx: KernelContext, op: str, shape: list) -> None
                  b.add(out_offset, b.mul(o, out_strides[axis])))
 
     nest(0, ir.Constant(I64, 0), ir.Constant(I64, 0))
-
-
-def sympy_product(dims) -> object:
-    """The product of ``dims`` (ints or sympy expressions); 1 for none."""
-    total = 1
-    for d in dims:
-        total = total * d
-    return total
 
 
 def _generate(ctx: KernelContext, op: str) -> None:
