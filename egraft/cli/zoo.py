@@ -30,12 +30,14 @@ from rich.table import Table
 
 from egraft.cli.common import console, err_console, fail, parse_bindings, refuse_overwrite
 from egraft.errors import EgraftError
+from egraft.zoo.charts import shorten
 
 zoo_app = typer.Typer(help="Batch optimization of model zoos: run, show, runs, report, diff.",
                       no_args_is_help=True)
 
 DEFAULT_DB = Path("egraft-zoo.sqlite")
 DbOption = Annotated[Path, typer.Option("--db", help="The SQLite result store.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="A JSON array, one object per model.")]
 
 
 def _total_memory_gb() -> float | None:
@@ -53,13 +55,6 @@ def _store(db: Path, create: bool = False):
 
 def _fmt(value, spec: str = ".3g", missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
-
-
-def _short(text: str | None, width: int = 70) -> str:
-    if not text:
-        return ""
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _row_line(row: dict, skipped: bool) -> str:
@@ -82,7 +77,7 @@ def _row_line(row: dict, skipped: bool) -> str:
             parts.append(f"error {row['max_error']:.1e}")
         return head + ("  " + ", ".join(parts) if parts else "")
     stage = f" [{row['stage']}]" if row.get("stage") else ""
-    return f"{head}{stage}: {_short(row.get('error'), 160)}" + (f" ({status})" if skipped else "")
+    return f"{head}{stage}: {shorten(row.get('error'), 160)}" + (f" ({status})" if skipped else "")
 
 
 @zoo_app.command("run")
@@ -242,7 +237,7 @@ def _print_rows(rows: list[dict], title: str) -> None:
 def show_command(
     run: Annotated[str | None, typer.Argument(help="The run (default: the one written last).")] = None,
     db: DbOption = DEFAULT_DB,
-    as_json: Annotated[bool, typer.Option("--json", help="A JSON array, one object per model.")] = False,
+    as_json: JsonOption = False,
     plan: Annotated[str | None, typer.Option(
         "--plan", help="Print the plan the optimize stage stored for this model (JSON, as egraft plan writes it).")]
         = None,
@@ -333,7 +328,7 @@ def diff_command(
     run_a: Annotated[str, typer.Argument(help="The baseline run.", show_default=False)],
     run_b: Annotated[str, typer.Argument(help="The run compared to it.", show_default=False)],
     db: DbOption = DEFAULT_DB,
-    as_json: Annotated[bool, typer.Option("--json", help="A JSON array, one object per model.")] = False,
+    as_json: JsonOption = False,
     fail_below: Annotated[float | None, typer.Option(
         "--fail-below", help="Exit 1 when a model's speed ratio (A ms / B ms) is below this, or it stopped being ok.")]
         = None,

@@ -33,13 +33,9 @@ from collections.abc import Iterable, Mapping
 
 import onnx
 
-from egraft.testing.corpus import Binding, InputSpec
+from egraft.ir.dtypes import DType
+from egraft.testing.corpus import _DTYPES, Binding, InputSpec
 
-_DTYPE_NAMES = {
-    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32", onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
-}
 #: Ops an index passes through unchanged in value.
 _PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity"}
 
@@ -85,11 +81,9 @@ def generated_specs(model: onnx.ModelProto, given: Iterable[dict] = ()) -> list[
             specs.append(by_name[vi.name])
             continue
         tensor = vi.type.tensor_type
-        dtype = _DTYPE_NAMES.get(tensor.elem_type)
-        if dtype is None:
-            raise ModelError(f"input {vi.name!r}: element type "
-                             f"{onnx.TensorProto.DataType.Name(tensor.elem_type)} cannot be generated; "
-                             "give its values in a manifest")
+        dtype = DType.from_onnx(tensor.elem_type, f" (input {vi.name!r})").numpy.name
+        if dtype not in _DTYPES:
+            raise ModelError(f"input {vi.name!r}: {dtype} values cannot be generated; give them in a manifest")
         shape: list[int | str] = []
         for axis, d in enumerate(tensor.shape.dim if tensor.HasField("shape") else ()):
             if d.HasField("dim_value"):

