@@ -139,10 +139,14 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                        activation: str, params: tuple[float, ...], block: int | None = None) -> None:
     """``y = act(conv(x, w) + bias + z)`` for the node, with runtime spatial sizes; ``block``:
     input, output and residual are channel-blocked (the residual then has the output's shape)."""
+    from egraft.kernels.cpu import conv_gemm_symbolic
     from egraft.kernels.cpu.conv import fmuladd, vector_pointer  # conv imports this module
 
-    check_direct_pays(ctx, block)
     g = symbolic_geometry(ctx, block)
+    if block is None and products_pay(g) and conv_gemm_symbolic.fits(ctx, g, residual):
+        conv_gemm_symbolic.emit_symbolic_conv_gemm(ctx, g, bias, residual, activation, params)
+        return
+    check_direct_pays(ctx, block)
     b = ctx.builder
     x, w, y = ctx.in_ptr(0), ctx.in_ptr(1), ctx.out_ptr(0)
     bias_ptr = ctx.in_ptr(bias) if bias is not None else None
@@ -283,11 +287,16 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
 
 
 #: A convolution whose products have at least this many taps (input channels per group times
-#: the kernel's size) and this many output channels per group stays on the reference kernel
-#: (an im2col product on BLAS) when its spatial dims are symbolic: measured on the corpus, the
-#: direct kernel is 2-5x slower there (YOLO- and CRNN-sized layers); a product-based kernel
-#: with runtime sizes is the next step.
+#: the kernel's size) and this many output channels per group runs as products with runtime
+#: tables (:mod:`egraft.kernels.cpu.conv_gemm_symbolic`) when its spatial dims are symbolic:
+#: measured on the corpus, the direct kernel is 2-5x slower there (YOLO- and CRNN-sized
+#: layers); a blocked one that cannot take products stays on the reference kernel.
 GEMM_TAPS, GEMM_CHANNELS = 128, 32
+
+
+def products_pay(g: SymbolicGeometry) -> bool:
+    """Whether geometry ``g`` is big enough for products (see :data:`GEMM_TAPS`)."""
+    return g.channels // g.group * g.k_h * g.k_w >= GEMM_TAPS and g.out_channels // g.group >= GEMM_CHANNELS
 
 
 def check_direct_pays(ctx: KernelContext, block: int | None = None) -> None:
@@ -295,7 +304,7 @@ def check_direct_pays(ctx: KernelContext, block: int | None = None) -> None:
     (see :data:`GEMM_TAPS`)."""
     g = symbolic_geometry(ctx, block)
     taps = g.channels // g.group * g.k_h * g.k_w
-    if taps >= GEMM_TAPS and g.out_channels // g.group >= GEMM_CHANNELS:
+    if products_pay(g):
         raise Unsupported(f"symbolic spatial dims with {taps} taps x {g.out_channels // g.group} output channels: "
                           "the reference's im2col product (BLAS) is faster than the direct kernel here")
 
@@ -328,4 +337,4 @@ def has_symbolic_spatial_dims(ctx: KernelContext) -> bool:
 
 
 __all__ = ["SymbolicGeometry", "symbolic_geometry", "emit_symbolic_conv", "has_symbolic_spatial_dims", "begin_pad",
-           "check_direct_pays", "residual_strides", "valid_range", "GEMM_TAPS", "GEMM_CHANNELS"]
+           "check_direct_pays", "products_pay", "residual_strides", "valid_range", "GEMM_TAPS", "GEMM_CHANNELS"]
