@@ -40,6 +40,13 @@ from egraft.lowering.memory import BufferSpec
 #: Ops whose output is its input's storage, reshaped.
 VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"}
 
+#: Ops whose output dims are a function of their input *values* (a shape tensor, Range's
+#: scalars, Slice's starts and ends): when those dims are fresh symbols (``_d3``: data-dependent),
+#: the runtime computes them just before the kernel runs, by the op's shape inference on the
+#: input arrays (:meth:`egraft.lowering.runtime.CompiledModel._bind_output_dims`), binds them,
+#: allocates the outputs, then calls the generated kernel (which reads the dims from ``dims``).
+SIZED_BY_INPUT_VALUES = {"Range", "Expand", "ConstantOfShape", "Slice", "Tile"}
+
 
 @dataclass(frozen=True)
 class Step:
@@ -53,6 +60,9 @@ class Step:
     reason: str = ""
     offset: int = 0  # a view: where it starts in its input, in elements (a contiguous Slice)
     parallel: bool = False  # a kernel that computes share `part` of `parts` (run on several threads)
+    #: a kernel whose output dims the runtime computes from its input values before calling it
+    #: (see :data:`SIZED_BY_INPUT_VALUES`)
+    sized_by_inputs: bool = False
 
 
 @dataclass
@@ -199,16 +209,20 @@ def lower(graph: Graph) -> Lowered:
             except Unsupported as e:
                 reason = str(e)
             else:
-                if learned:
+                sized = bool(learned) and node.op in SIZED_BY_INPUT_VALUES and node.domain in ("", "ai.onnx")
+                if learned and not sized:
                     steps.append(Step(index, node, "fallback",
                                       reason=f"dim {learned[0]} is known only once this node has run"))
                     continue
+                if sized:  # the runtime's inference reads every input, constants included
+                    runtime_constants.update(v.name for v in node.inputs if v is not None and v.const is not None)
                 _merge(module, scratch)
                 derived.update(own)
                 packed_from.update(ctx.packed_from)
                 runtime_constants.update(v.name for v in node.inputs
                                          if v is not None and v.const is not None and v.name in ctx.table_names)
-                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel))
+                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel,
+                                  sized_by_inputs=sized))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
     for step in steps:

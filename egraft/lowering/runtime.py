@@ -296,6 +296,8 @@ class CompiledModel:
         for step in lowered.steps:
             started = clock() if profile is not None else 0
             if step.kind == "kernel":
+                if step.sized_by_inputs:
+                    self._bind_output_dims(step, env, bound, dims)
                 for v in step.node.outputs:
                     if v is not None and v.name in lowered.dynamic:
                         place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
@@ -411,6 +413,51 @@ class CompiledModel:
             with self._plans_lock:
                 self._shape_cache[key] = shapes
         return shapes
+
+    def _bind_output_dims(self, step, env, bound, dims) -> None:
+        """Bind the data-dependent dims of a ``sized_by_inputs`` kernel's outputs before it runs:
+        the op's shape inference, given its inputs' actual shapes and the values of the small
+        ones (Range's scalars, Expand's shape, Slice's starts), gives its output shapes; their
+        symbols are bound in ``bound`` and ``dims`` (the kernel reads them there).
+
+        Example: ``Range(0, n, 1) -> i64[_d0]`` with ``n`` = 7 binds ``_d0`` = 7.
+        """
+        from egraft.ir.infer import MAX_KNOWN_ELEMENTS, FreshDims
+        from egraft.ir.onnx_fallback import onnx_infer
+        from egraft.ir.registry import InferContext
+        from egraft.ir.types import TensorType
+
+        node = step.node
+        opset = self._opsets[step.index]
+        op = resolve_op(node, opset)
+        types, values = [], []
+        for v in node.inputs:
+            array = None if v is None else env[v.name]
+            types.append(None if v is None else TensorType(v.type.dtype, tuple(array.shape)))
+            values.append(array if array is not None and array.size <= MAX_KNOWN_ELEMENTS else None)
+        while types and types[-1] is None:
+            types.pop()
+        try:
+            inferred = (op.infer or onnx_infer)(InferContext(node, op, opset, types, values, FreshDims("_r"),
+                                                             self.graph))
+        except Exception as e:  # the inputs' values are not a valid call (Expand to an incompatible shape)
+            raise ExecutionError(f"{node.label}: {type(e).__name__}: {e}") from e
+        checker = Bindings(bound)
+        for i, (v, t) in enumerate(zip(node.outputs, inferred)):
+            if v is None:
+                continue
+            shape = None if t is None or t.shape is None else list(t.shape)
+            if shape is None or not all(getattr(d, "is_Integer", False) or isinstance(d, int) for d in shape):
+                raise ExecutionError(f"{node.label}: the shape of output {i} is not known from its inputs' "
+                                     f"values ({t}); it cannot run as a kernel")
+            shape_only = np.broadcast_to(np.empty((), v.type.dtype.numpy), tuple(int(d) for d in shape))
+            problem = checker.unify(v.type, shape_only, f"{node.label}: output {i}", strict=False)
+            if problem:
+                raise ExecutionError(problem)
+        for k, s in enumerate(self._lowered.symbols):
+            if s in checker and dims[k] == UNBOUND:
+                dims[k] = checker[s]
+                bound[s] = checker[s]
 
     def _fallback(self, step, env, table, bound, dims) -> None:
         node = step.node

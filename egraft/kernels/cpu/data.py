@@ -1,5 +1,5 @@
 """Data-movement and shape kernels: Transpose, Concat, Split, Slice, Gather, Pad, Expand, Tile,
-Cast, Shape, Size, ConstantOfShape, the comparisons and boolean logic, and egraft's blocked
+Cast, Shape, Size, ConstantOfShape, Range, the comparisons and boolean logic, and egraft's blocked
 layout conversions (``com.egraft::LayoutToBlocked`` / ``LayoutFromBlocked``).
 
 Most of these ops are one *strided copy*: every output element reads one input element at
@@ -12,9 +12,12 @@ adjacent axes that stay contiguous for both sides, then emits
   axis (a real transpose), so both sides stay in cache;
 - else one loop nest whose inner loop writes contiguously (broadcast reads, stepped slices).
 
-Parameters that shape the loops (perm, axes, pads, starts, repeats, split sizes) must be
+Parameters that shape the loops (perm, axes, pads, repeats, split sizes) must be
 compile-time constants; otherwise the generator raises :class:`Unsupported` and the node runs
-on its reference kernel.
+on its reference kernel. Slice's starts and steps may be computed (read when the kernel runs).
+Output dims that only input values decide (Expand to a computed shape, ConstantOfShape, Range,
+a Slice with computed bounds) are bound by the runtime just before the kernel runs
+(:data:`egraft.lowering.compile.SIZED_BY_INPUT_VALUES`).
 
 Example: ``Transpose(x: f32[8, 64, 56, 56], perm=[0, 2, 3, 1])`` becomes 8 tiled copies of a
 64 x 3,136 matrix into 3,136 x 64 (H and W merge into one axis).
@@ -28,7 +31,7 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
-from egraft.ir.dims import dim_product, dim_symbols
+from egraft.ir.dims import dim_product, dim_symbols, dims_equal
 from egraft.ir.dtypes import DType
 from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.ir.ops.shape import onnx_slice
@@ -314,14 +317,64 @@ def transpose(ctx: KernelContext) -> None:
 
 @register_kernel("Expand")
 def expand(ctx: KernelContext) -> None:
-    """``y = broadcast_to(x, shape)``: a copy reading broadcast axes with stride 0 (the shape
-    input may be computed, as long as inference knows the output's dims)."""
+    """``y = broadcast_to(x, shape)``: a copy reading broadcast axes with stride 0. The shape
+    input may be computed: output dims that only its value decides (``_d3``) are bound by the
+    runtime before the kernel runs (``SIZED_BY_INPUT_VALUES``); an input dim that may or may not
+    be 1 against such a dim gets its stride chosen at run time."""
     _same_dtype(ctx)
-    require_bound_dims(ctx)
     out_shape = ctx.shape(ctx.out_type(0))
     in_shape = ctx.shape(ctx.in_type(0))
-    src_strides = broadcast_strides(in_shape, out_shape)
-    emit_strided_copy(ctx, out_shape, ctx.out_ptr(0), contiguous_strides(out_shape), ctx.in_ptr(0), src_strides)
+    try:
+        src_strides: list = broadcast_strides(in_shape, out_shape)
+    except Unsupported:
+        src_strides = _runtime_broadcast_strides(ctx, in_shape, out_shape)
+    copy_with_strides(ctx, out_shape, ctx.out_ptr(0), contiguous_strides(out_shape), ctx.in_ptr(0), src_strides)
+
+
+def _runtime_broadcast_strides(ctx: KernelContext, shape: Sequence[Dim], out: Sequence[Dim]) -> list:
+    """As :func:`broadcast_strides`, for dims whose broadcast is decided at run time: an input
+    dim ``n`` against an output dim of another symbol reads with stride ``n == 1 ? 0 : stride``
+    (an ``i64`` value)."""
+    b = ctx.builder
+    pad = len(out) - len(shape)
+    strides: list = [0] * len(out)
+    acc: Dim = sympy.Integer(1)
+    for k in reversed(range(len(out))):
+        if k < pad:
+            continue
+        d = shape[k - pad]
+        if d == 1:
+            strides[k] = 0
+        elif isinstance(d, int | sympy.Integer) or dims_equal(d, out[k]):
+            strides[k] = acc
+        else:
+            one = b.icmp_signed("==", ctx.dim(d), ir.Constant(I64, 1))
+            strides[k] = b.select(one, ir.Constant(I64, 0), ctx.dim(acc))
+        acc = dim_product([acc, d])
+    return strides
+
+
+def copy_with_strides(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, dst_strides: Sequence[Dim],
+                      src: ir.Value, src_strides: Sequence, src_offset: ir.Value | None = None) -> None:
+    """:func:`emit_strided_copy` where some source strides may be ``i64`` values computed at run
+    time (a Slice's runtime steps, a broadcast decided at run time): those copies drop the
+    size-1 axes and run one loop per axis (rows memcpy'd when the last axis is contiguous)."""
+    if not any(isinstance(s, ir.Value) for s in src_strides):
+        emit_strided_copy(ctx, sizes, dst, dst_strides, src, src_strides, src_offset=src_offset)
+        return
+    kept = [k for k in range(len(sizes)) if not (isinstance(sizes[k], int | sympy.Integer) and int(sizes[k]) == 1)]
+    if not kept:
+        kept = [len(sizes) - 1]
+    sizes = [sizes[k] for k in kept]
+    dst_strides = [dst_strides[k] for k in kept]
+    src_strides = [src_strides[k] for k in kept]
+    src_offset = ir.Constant(I64, 0) if src_offset is None else src_offset
+    zero = ir.Constant(I64, 0)
+    last = len(sizes) - 1
+    if _is_one(dst_strides[last]) and not isinstance(src_strides[last], ir.Value) and _is_one(src_strides[last]):
+        _copy_rows(ctx, sizes, dst, dst_strides, src, src_strides, zero, src_offset)
+    else:
+        _copy_elements(ctx, sizes, dst, dst_strides, src, src_strides, zero, src_offset)
 
 
 @register_kernel("Tile")
@@ -428,62 +481,97 @@ def split(ctx: KernelContext) -> None:
         start = start + out_shape[axis]
 
 
-def _slice_parameters(ctx: KernelContext, rank: int) -> list[tuple[int, int, int, int]]:
-    """``(axis, start, end, step)`` per sliced axis, from attributes (opset < 10) or constant inputs."""
+def _slice_parameters(ctx: KernelContext, rank: int) -> list[tuple[int, int | ir.Value, int | ir.Value]]:
+    """``(axis, start, step)`` per sliced axis, from attributes (opset < 10) or inputs: constant
+    ones as ints, computed starts and steps as ``i64`` values loaded when the kernel runs (axes
+    must be constant). The ends only decide the output's length, which inference typed (or
+    the runtime bound from the inputs' values, ``SIZED_BY_INPUT_VALUES``)."""
     if ctx.opset < 10:
-        starts, ends, axes, steps = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes", None), None
-        if starts is None or ends is None:
+        starts, axes, steps = ctx.attr("starts"), ctx.attr("axes", None), None
+        if starts is None or ctx.attr("ends") is None:
             raise Unsupported("Slice without starts/ends")
-        starts, ends = list(starts), list(ends)
+        starts = [int(v) for v in starts]
         axes = None if axes is None else list(axes)
     else:
-        starts = constant_ints(ctx, 1, "starts")
-        # The ends only decide the output's length, which inference typed (x[0:seq] with seq
-        # read from a shape is f32[seq, ...]): computed ends are fine when the dims are bound.
-        ends = constant_ints(ctx, 2, "ends") if ctx.constant(2) is not None else [0] * len(starts or [])
-        axes = constant_ints(ctx, 3, "axes")
-        steps = constant_ints(ctx, 4, "steps")
-        if starts is None or not ctx.has_input(2):
+        if not ctx.has_input(1) or not ctx.has_input(2):
             raise Unsupported("Slice without starts/ends")
+        count = ctx.shape(ctx.in_type(1))
+        if len(count) != 1 or not isinstance(count[0], int | sympy.Integer):
+            raise Unsupported(f"starts of shape {list(count)}: the number of sliced axes is known only at run time")
+        count = int(count[0])
+        starts = _slice_ints(ctx, 1, count)
+        axes = constant_ints(ctx, 3, "axes")
+        steps = _slice_ints(ctx, 4, count) if ctx.has_input(4) else None
     axes = list(range(len(starts))) if axes is None else [_normalize_axis(int(a), rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
-    if 0 in steps:
+    if any(isinstance(st, int) and st == 0 for st in steps):
         raise Unsupported("a Slice step of 0")
-    return [(a, int(s), int(e), int(st)) for a, s, e, st in zip(axes, starts, ends, steps)]
+    return list(zip(axes, starts, steps))
 
 
-def _slice_first(ctx: KernelContext, d: Dim, start: int, step: int) -> ir.Value:
+def _slice_ints(ctx: KernelContext, index: int, count: int) -> list[int | ir.Value]:
+    """The ``count`` entries of Slice input ``index``: ints when it is a constant, else ``i64``
+    values loaded from its buffer (int32 or int64) when the kernel runs."""
+    constant = ctx.constant(index)
+    if constant is not None:
+        return [int(v) for v in np.asarray(constant).ravel()]
+    dtype = ctx.in_type(index).dtype
+    if dtype not in (DType.INT64, DType.INT32):
+        raise Unsupported(f"Slice parameters of dtype {dtype.short}")
+    b = ctx.builder
+    pointer = ctx.in_ptr(index)
+    values = []
+    for k in range(count):
+        value = b.load(b.gep(pointer, [ir.Constant(I64, k)]))
+        values.append(value if value.type == I64 else b.sext(value, I64))
+    return values
+
+
+def _slice_first(ctx: KernelContext, d: Dim, start: int | ir.Value, step: int | ir.Value) -> ir.Value:
     """The first index of ``range(d)[start::step]``, clamped as ONNX (and Python) clamp:
-    into ``[0, d]`` for a positive step, ``[0, d - 1]`` for a negative one."""
-    if isinstance(d, int | sympy.Integer):
+    into ``[0, d]`` for a positive step, ``[0, d - 1]`` for a negative one (start and step may
+    be values computed at run time)."""
+    if isinstance(start, int) and isinstance(step, int) and isinstance(d, int | sympy.Integer):
         first = onnx_slice(start, 0, step, int(d)).start  # Python's indices() gives -1 for start=-100 stepping back
         return ir.Constant(I64, first)
     b = ctx.builder
+    zero = ir.Constant(I64, 0)
     n = ctx.dim(d)
-    value = b.add(n, ir.Constant(I64, start)) if start < 0 else ir.Constant(I64, start)
-    high = n if step > 0 else b.sub(n, ir.Constant(I64, 1))
-    return _smin(b, _smax(b, value, ir.Constant(I64, 0)), high)
+    if isinstance(start, int):
+        value = b.add(n, ir.Constant(I64, start)) if start < 0 else ir.Constant(I64, start)
+    else:
+        value = b.select(b.icmp_signed("<", start, zero), b.add(start, n), start)
+    if isinstance(step, int):
+        high = n if step > 0 else b.sub(n, ir.Constant(I64, 1))
+    else:
+        high = b.select(b.icmp_signed(">", step, zero), n, b.sub(n, ir.Constant(I64, 1)))
+    return _smin(b, _smax(b, value, zero), high)
 
 
 @register_kernel("Slice")
 def slice_(ctx: KernelContext) -> None:
     """``y = x[starts:ends:steps]`` on ``axes`` (negative steps, out-of-range bounds clamped);
-    the output's dims (as inference typed them) are the loop counts."""
+    the output's dims (as inference typed them, or as the runtime bound them from computed
+    starts and ends) are the loop counts. Computed starts and steps are read when the kernel
+    runs and clamped as ONNX says."""
     _same_dtype(ctx)
     shape = ctx.shape(ctx.in_type(0))
     parameters = _slice_parameters(ctx, len(shape))
-    require_bound_dims(ctx)
     out_shape = ctx.shape(ctx.out_type(0))
     in_strides = contiguous_strides(shape)
-    src_strides: list[Dim] = list(in_strides)
+    src_strides: list = list(in_strides)
     offset = ir.Constant(I64, 0)
-    for axis, start, _end, step in parameters:
-        if start < 0 and not isinstance(shape[axis], int | sympy.Integer):
+    b = ctx.builder
+    for axis, start, step in parameters:
+        if isinstance(start, int) and start < 0 and not isinstance(shape[axis], int | sympy.Integer):
             raise Unsupported(f"start {start} on the symbolic axis {shape[axis]}: the output length assumes "
                               f"{shape[axis]} >= {-start}, which only the reference kernel checks")
-        src_strides[axis] = in_strides[axis] * step
+        if isinstance(step, int):
+            src_strides[axis] = in_strides[axis] * step
+        else:
+            src_strides[axis] = b.mul(ctx.dim(in_strides[axis]), step)
         offset = _add_scaled(ctx, offset, _slice_first(ctx, shape[axis], start, step), in_strides[axis])
-    emit_strided_copy(ctx, out_shape, ctx.out_ptr(0), contiguous_strides(out_shape), ctx.in_ptr(0), src_strides,
+    copy_with_strides(ctx, out_shape, ctx.out_ptr(0), contiguous_strides(out_shape), ctx.in_ptr(0), src_strides,
                       src_offset=offset)
 
 
@@ -708,14 +796,38 @@ def size_(ctx: KernelContext) -> None:
 
 @register_kernel("ConstantOfShape")
 def constant_of_shape(ctx: KernelContext) -> None:
-    """``y = full(shape, value)`` when inference knows the output's dims (the shape input a
-    constant, or shape arithmetic over known dims)."""
-    require_bound_dims(ctx)
+    """``y = full(shape, value)``; output dims that only the shape input's value decides are
+    bound by the runtime before the kernel runs (``SIZED_BY_INPUT_VALUES``)."""
     value = ctx.attr("value", None)
     value = np.zeros(1, np.float32) if value is None else np.asarray(value)
     dtype = ctx.out_type(0).dtype
     fill = scalar_constant(dtype, value.ravel()[0])
     fill_run(ctx, ctx.out_ptr(0), ir.Constant(I64, 0), dim_product(ctx.shape(ctx.out_type(0))), fill)
+
+
+@register_kernel("Range")
+def range_(ctx: KernelContext) -> None:
+    """``y[i] = start + i * delta`` for ``i < len(y)``, computed in the output's dtype as the
+    reference does (``i`` converted first). The length is the output's dim: when it depends on
+    the scalars' values (``_d0``) the runtime binds it from them before the kernel runs
+    (``SIZED_BY_INPUT_VALUES``)."""
+    dtype = ctx.out_type(0).dtype
+    t = llvm_type(dtype)
+    if dtype == DType.BOOL or any(ctx.in_type(i).dtype != dtype for i in range(3)):
+        raise Unsupported(f"Range of {dtype.short}")
+    (length,) = ctx.shape(ctx.out_type(0))
+    b = ctx.builder
+    zero = ir.Constant(I64, 0)
+    start = b.load(b.gep(ctx.in_ptr(0), [zero]))
+    delta = b.load(b.gep(ctx.in_ptr(2), [zero]))
+    out = ctx.out_ptr(0)
+    with ctx.loop(ctx.dim(length), name="r") as i:
+        if is_float(t):
+            value = b.fadd(start, b.fmul(b.sitofp(i, t), delta))
+        else:
+            step = i if t == I64 else b.trunc(i, t)
+            value = b.add(start, b.mul(step, delta))
+        b.store(value, b.gep(out, [i]))
 
 
 # ---- comparisons and logic --------------------------------------------------------------------
