@@ -139,3 +139,44 @@ def test_slice_with_computed_bounds(slices, n, m, starts, ends, steps):
     feeds = {"x": x, "starts": np.array(starts, np.int64), "ends": np.array(ends, np.int64),
              "steps": np.array(steps, np.int64)}
     _check(model, compiled, feeds)
+
+
+# ---- ScatterElements, GatherND, ScatterND -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def scatters():
+    nodes = [helper.make_node("ScatterElements", ["data", "idx", "upd"], [f"se_{r}"], axis=0, reduction=r)
+             for r in ("none", "add", "mul", "max", "min")]
+    nodes += [
+        helper.make_node("ScatterElements", ["data", "idx2", "upd2"], ["se_axis1"], axis=-1, reduction="add"),
+        helper.make_node("GatherND", ["data", "gidx"], ["gnd"]),
+        helper.make_node("GatherND", ["data", "bidx"], ["gnd_batch"], batch_dims=1),
+        helper.make_node("ScatterND", ["data", "sidx", "supd"], ["snd"]),
+        helper.make_node("ScatterND", ["data", "sidx", "supd"], ["snd_add"], reduction="add"),
+    ]
+    inputs = [helper.make_tensor_value_info("data", F32, ["n", 4]),
+              helper.make_tensor_value_info("idx", I64, ["e", 4]),
+              helper.make_tensor_value_info("upd", F32, ["e", 4]),
+              helper.make_tensor_value_info("idx2", I64, ["n", "k"]),
+              helper.make_tensor_value_info("upd2", F32, ["n", "k"]),
+              helper.make_tensor_value_info("gidx", I64, ["g", 2]),
+              helper.make_tensor_value_info("bidx", I64, ["n", "g", 1]),
+              helper.make_tensor_value_info("sidx", I64, ["s", 1]),
+              helper.make_tensor_value_info("supd", F32, ["s", 4])]
+    names = [f"se_{r}" for r in ("none", "add", "mul", "max", "min")] + \
+        ["se_axis1", "gnd", "gnd_batch", "snd", "snd_add"]
+    model = _model(nodes, inputs, [helper.make_tensor_value_info(n, F32, None) for n in names])
+    return model, _build(model, {"ScatterElements", "GatherND", "ScatterND"})
+
+
+@pytest.mark.parametrize("n, e, k, g, s", [(5, 9, 3, 4, 2), (1, 1, 1, 1, 1), (12, 40, 4, 7, 5), (7, 3, 2, 13, 7)])
+def test_scatters_and_gathers_over_symbolic_dims(scatters, n, e, k, g, s):
+    model, compiled = scatters
+    rng = np.random.default_rng(n * 1000 + e)
+    feeds = {"data": rng.normal(0, 1, (n, 4)).astype(np.float32), "idx": rng.integers(-n, n, (e, 4)),
+             "upd": rng.normal(0, 1, (e, 4)).astype(np.float32),  # repeated targets: the last update wins
+             "idx2": rng.integers(-4, 4, (n, k)), "upd2": rng.normal(0, 1, (n, k)).astype(np.float32),
+             "gidx": np.stack([rng.integers(-n, n, g), rng.integers(-4, 4, g)], 1),
+             "bidx": rng.integers(-4, 4, (n, g, 1)),
+             "sidx": (rng.permutation(n)[:s] - n * rng.integers(0, 2, s))[:, None],  # distinct rows
+             "supd": rng.normal(0, 1, (s, 4)).astype(np.float32)}
+    _check(model, compiled, feeds, rtol=1e-5, atol=1e-6)
