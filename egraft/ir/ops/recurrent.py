@@ -2,7 +2,8 @@
 
 Every op runs forward, reverse or bidirectional (``direction``), with optional
 ``sequence_lens`` (per batch entry; steps past a sequence's end leave the state alone
-and write zeros to ``Y``), initial states, ``clip`` on the pre-activations, custom
+and write zeros to ``Y``; an empty sequence's final states are zero, as in
+onnxruntime), initial states, ``clip`` on the pre-activations, custom
 ``activations`` with ``activation_alpha``/``activation_beta``, LSTM peepholes and
 ``input_forget``, GRU ``linear_before_reset``, and the opset-14 ``layout`` attribute
 (``layout=1``: batch-major inputs and outputs).
@@ -309,6 +310,10 @@ def _run_direction(step, xw: np.ndarray, h0: np.ndarray, c0: np.ndarray | None, 
         if c is not None:
             c = np.where(live, c_new, c)
         ys[t] = np.where(live, h_new, 0)
+    if not full:  # an empty sequence's final state is zero (as onnxruntime writes it), not the initial one
+        empty = (lens == 0)[:, None]
+        h = np.where(empty, 0, h)
+        c = None if c is None else np.where(empty, 0, c)
     return ys, h, c
 
 

@@ -1,0 +1,552 @@
+"""Recurrent layers as generated kernels: ONNX ``RNN``, ``GRU`` and ``LSTM``, and onnxruntime's
+``DynamicQuantizeLSTM`` (domain ``com.microsoft``), with the semantics of their reference
+kernels in :mod:`egraft.ir.ops.recurrent` (directions, ``sequence_lens``, initial states,
+``clip``, the activation list with its alphas and betas, LSTM peepholes and
+``input_forget``, GRU ``linear_before_reset``, ``layout`` 0 and 1).
+
+The kernel computes, for every direction at once, the input projection of all time
+steps as one product ``XW = X @ W^T`` (``seq*batch`` rows, ``num_directions*gates*hidden``
+columns) on the GEMM library (:func:`egraft.kernels.cpu.gemm.emit_gemm`; ``W^T`` packed at
+compile time), into a heap buffer of the call (``seq`` and ``batch`` are symbolic). Then,
+one direction after the other, time step after time step, each batch entry's gates are
+``XW[t, b] + Wb + Rb + h @ R^T``: the recurrent product is a loop over ``hidden`` that adds
+four rows of the packed ``R^T`` at a time to the gate accumulators (a contiguous loop
+over the gate columns that LLVM vectorizes), followed by the gate nonlinearities.
+
+Constant weights are required (``W``, ``R``, ``B``, ``P``; the quantized LSTM's scales and
+zero points too). ``DynamicQuantizeLSTM`` computes what onnxruntime computes: its int8
+weights minus their zero points become exact floats at compile time; each product's left
+operand (all of ``X``; each step's hidden state, all batch entries) is quantized at run
+time to uint8 over its whole range (:func:`egraft.ir.ops.contrib.dynamic_quantization`),
+its integers minus the zero point multiplied as floats (exact while the sums stay under
+2^24), and the sums scaled by ``a_scale * w_scale``.
+
+Example: ``GRU(x: f32[seq, batch, 64], W: [2, 384, 64], R: [2, 384, 128], B,
+linear_before_reset=1, direction="bidirectional")`` becomes one ``(seq*batch) x 64 @ 64 x 768``
+product and ``2*seq`` steps of ``batch`` rows of ``128 @ 128 x 384`` products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+from llvmlite import ir
+
+from egraft.ir.ops.recurrent import _ACTIVATION_PARAMS, _GRU, _LSTM, _RNN, _activation_names, _direction, _layout
+from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, const64, imax, imin, is_float, llvm_type
+from egraft.kernels.cpu.gemm import CONTRACT, Matrix, emit_gemm, heap_buffer, heap_free
+
+#: Rows of ``R^T`` added to the gate accumulators per pass of the recurrent product.
+DEPTH_PER_STEP = 4
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation function of the list, with its parameters bound (``None``: unused)."""
+
+    name: str  # lower case
+    alpha: float | None
+    beta: float | None
+
+
+@dataclass
+class Layer:
+    """What the kernel needs of one recurrent node, read at compile time.
+
+    ``w_t`` is ``[input, num_dir*gates*hidden]`` (every direction's ``W^T`` side by side),
+    ``r_t`` is ``[num_dir, hidden, gates*hidden]``, ``wb``/``rb`` ``[num_dir, gates*hidden]``,
+    ``p`` ``[num_dir, 3*hidden]`` (LSTM peepholes i, o, f) or ``None``. A quantized layer's
+    ``w_t`` and ``r_t`` hold the integer weights minus their zero points, and ``w_scale``
+    and ``r_scale`` (``[num_dir, gates*hidden]``) their scales per column.
+    """
+
+    kind: str  # "LSTM", "GRU" or "RNN"
+    gates: int
+    hidden: int
+    reverse: list[bool]  # per direction
+    layout: int
+    activations: list[list[Activation]]  # per direction
+    clip: float | None
+    input_forget: bool
+    linear_before_reset: bool
+    w_t: np.ndarray
+    r_t: np.ndarray
+    wb: np.ndarray
+    rb: np.ndarray
+    p: np.ndarray | None
+    w_scale: np.ndarray | None = None
+    r_scale: np.ndarray | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.w_scale is not None
+
+    @property
+    def num_dir(self) -> int:
+        return len(self.reverse)
+
+
+def _activation_list(ctx: KernelContext, kind, num_dir: int) -> list[list[Activation]]:
+    """The activations per direction; alphas and betas consumed in order, as the reference does."""
+    try:
+        names = _activation_names(ctx, kind, num_dir)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    alphas = list(ctx.attr("activation_alpha", None) or [])
+    betas = list(ctx.attr("activation_beta", None) or [])
+    acts = []
+    for name in names:
+        default_alpha, default_beta = _ACTIVATION_PARAMS[name.lower()]
+        alpha = beta = None
+        if default_alpha is not None:
+            alpha = float(alphas.pop(0)) if alphas else default_alpha
+        if default_beta is not None:
+            beta = float(betas.pop(0)) if betas else default_beta
+        acts.append(Activation(name.lower(), alpha, beta))
+    per_dir = len(kind.default_activations)
+    return [acts[d * per_dir:(d + 1) * per_dir] for d in range(num_dir)]
+
+
+def _constant(ctx: KernelContext, i: int, what: str) -> np.ndarray | None:
+    """Constant input ``i`` (``None`` when omitted); :class:`Unsupported` when it is computed."""
+    if not ctx.has_input(i):
+        return None
+    value = ctx.constant(i)
+    if value is None:
+        raise Unsupported(f"{ctx.node.op} with a computed {what} has no generated code (constant weights only)")
+    return np.asarray(value)
+
+
+def _layer(ctx: KernelContext, kind, w_t: np.ndarray, r_t: np.ndarray, hidden: int, dtype) -> Layer:
+    """The :class:`Layer` of a node whose weights are already ``w_t`` ``[num_dir, input, G*H]``
+    and ``r_t`` ``[num_dir, H, G*H]``."""
+    direction = _direction(ctx)
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise Unsupported(f"direction {direction!r}")
+    num_dir = 2 if direction == "bidirectional" else 1
+    gh = kind.gates * hidden
+    if w_t.shape[0] != num_dir or r_t.shape != (num_dir, hidden, gh) or w_t.shape[2] != gh:
+        raise Unsupported(f"weights of shapes {w_t.shape} and {r_t.shape} for {num_dir} direction(s), hidden {hidden}")
+    b = _constant(ctx, 3, "B")
+    b = np.zeros((num_dir, 2 * gh), dtype) if b is None else b.astype(dtype).reshape(num_dir, 2 * gh)
+    p = _constant(ctx, 7, "P") if kind is _LSTM else None
+    clip = ctx.attr("clip", None)
+    return Layer(
+        kind=kind.name, gates=kind.gates, hidden=hidden,
+        reverse=[direction == "reverse" or d == 1 for d in range(num_dir)],
+        layout=_layout(ctx), activations=_activation_list(ctx, kind, num_dir),
+        clip=None if clip is None else float(clip),
+        input_forget=bool(ctx.attr("input_forget", 0)) if kind is _LSTM else False,
+        linear_before_reset=bool(ctx.attr("linear_before_reset", 0)) if kind is _GRU else False,
+        w_t=np.ascontiguousarray(np.concatenate(list(w_t.astype(dtype)), axis=1)),
+        r_t=np.ascontiguousarray(r_t.astype(dtype)),
+        wb=np.ascontiguousarray(b[:, :gh]), rb=np.ascontiguousarray(b[:, gh:]),
+        p=None if p is None else np.ascontiguousarray(p.astype(dtype).reshape(num_dir, 3 * hidden)))
+
+
+def _float_dtype(ctx: KernelContext) -> np.dtype:
+    t = llvm_type(ctx.out_type(0).dtype)
+    if not is_float(t) or ctx.in_type(0).dtype != ctx.out_type(0).dtype:
+        raise Unsupported(f"{ctx.node.op} on {ctx.in_type(0).dtype.short} has no generated code")
+    return ctx.out_type(0).dtype.numpy
+
+
+def _hidden(ctx: KernelContext, r_shape_hidden: int) -> int:
+    hidden = ctx.attr("hidden_size", None)
+    return r_shape_hidden if hidden is None else int(hidden)
+
+
+def _onnx_layer(kind):
+    def generate(ctx: KernelContext) -> None:
+        dtype = _float_dtype(ctx)
+        w = _constant(ctx, 1, "W")
+        r = _constant(ctx, 2, "R")
+        hidden = _hidden(ctx, r.shape[2])
+        _emit_layer(ctx, _layer(ctx, kind, np.swapaxes(w, 1, 2), np.swapaxes(r, 1, 2), hidden, dtype))
+
+    return generate
+
+
+register_kernel("LSTM")(_onnx_layer(_LSTM))
+register_kernel("GRU")(_onnx_layer(_GRU))
+register_kernel("RNN")(_onnx_layer(_RNN))
+
+
+def _centered(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``q - zero_point`` as exact floats and the scale per direction and column
+    (``[num_dir, columns]``); ``scale`` and ``zero_point`` are scalars, ``[num_dir]`` or
+    ``[num_dir, columns]`` (per output column)."""
+    num_dir, columns = q.shape[0], q.shape[2]
+    scale = np.asarray(scale, np.float32)
+    zp = np.zeros(scale.shape, np.int64) if zero_point is None else np.asarray(zero_point, np.int64)
+    if scale.size not in (1, num_dir, num_dir * columns) or zp.size not in (1, num_dir, num_dir * columns):
+        raise Unsupported(f"DynamicQuantizeLSTM scales of shape {scale.shape} and zero points of shape {zp.shape}")
+    per_column = lambda a: np.broadcast_to(a.reshape(-1, 1) if a.size != num_dir * columns else  # noqa: E731
+                                           a.reshape(num_dir, columns), (num_dir, columns))
+    zp_cols, scale_cols = per_column(zp), np.ascontiguousarray(per_column(scale), np.float32)
+    return (q.astype(np.int64) - zp_cols[:, None, :]).astype(np.float32), scale_cols
+
+
+@register_kernel("DynamicQuantizeLSTM", domain="com.microsoft")
+def dynamic_quantize_lstm(ctx: KernelContext) -> None:
+    """The int8 LSTM on weights dequantized at compile time (``W`` is ``[num_dir, input, 4H]``)."""
+    dtype = _float_dtype(ctx)
+    w, r = _constant(ctx, 1, "W"), _constant(ctx, 2, "R")
+    w_scale, r_scale = _constant(ctx, 8, "W_scale"), _constant(ctx, 10, "R_scale")
+    if w_scale is None or r_scale is None:
+        raise Unsupported("DynamicQuantizeLSTM without W_scale or R_scale")
+    if dtype != np.float32:
+        raise Unsupported("DynamicQuantizeLSTM on float64")
+    w_t, w_cols = _centered(w, w_scale, _constant(ctx, 9, "W_zero_point"))
+    r_t, r_cols = _centered(r, r_scale, _constant(ctx, 11, "R_zero_point"))
+    layer = _layer(ctx, _LSTM, w_t, r_t, _hidden(ctx, r.shape[1]), dtype)
+    layer.w_scale, layer.r_scale = w_cols, r_cols
+    _emit_layer(ctx, layer)
+
+
+# ---- code ----------------------------------------------------------------------------------------
+class _Emitter:
+    """The code of one layer: buffers, offsets and the per-row cell."""
+
+    def __init__(self, ctx: KernelContext, layer: Layer):
+        self.ctx, self.layer = ctx, layer
+        self.b = ctx.builder
+        self.t = llvm_type(ctx.out_type(0).dtype)
+        x_shape = ctx.shape(ctx.in_type(0))
+        seq, batch = (x_shape[1], x_shape[0]) if layer.layout else (x_shape[0], x_shape[1])
+        self.seq_dim, self.batch_dim, self.input_dim = seq, batch, x_shape[2]
+        self.seq, self.batch = ctx.dim(seq), ctx.dim(batch)
+        self.h, self.gh = layer.hidden, layer.gates * layer.hidden
+        #: A quantized layer's run-time values: the scale of the quantized ``X`` and the
+        #: slot of the current step's hidden-state scale, the weights' column scales, and
+        #: the quantized hidden state (set by ``_emit_layer``).
+        self.x_scale = self.h_scale = self.w_scale = self.r_scale = self.quantized_h = None
+
+    def c(self, v: float) -> ir.Value:
+        return ir.Constant(self.t, float(v))
+
+    def i(self, v: int) -> ir.Value:
+        return const64(v)
+
+    def load(self, ptr: ir.Value, index: ir.Value) -> ir.Value:
+        return self.b.load(self.b.gep(ptr, [index]))
+
+    def store(self, value: ir.Value, ptr: ir.Value, index: ir.Value) -> None:
+        self.b.store(value, self.b.gep(ptr, [index]))
+
+    def add(self, *xs: ir.Value) -> ir.Value:
+        out = xs[0]
+        for x in xs[1:]:
+            out = self.b.add(out, x)
+        return out
+
+    def mul(self, *xs: ir.Value) -> ir.Value:
+        out = xs[0]
+        for x in xs[1:]:
+            out = self.b.mul(out, x)
+        return out
+
+    # ---- offsets ------------------------------------------------------------------------------
+    def x_row(self, t: ir.Value, bi: ir.Value) -> ir.Value:
+        """The row of ``X`` (and of ``XW``) of time step ``t`` of batch entry ``bi``."""
+        if self.layer.layout:
+            return self.add(self.mul(bi, self.seq), t)
+        return self.add(self.mul(t, self.batch), bi)
+
+    def y_offset(self, t: ir.Value, d: int, bi: ir.Value) -> ir.Value:
+        nd = self.i(self.layer.num_dir)
+        if self.layer.layout:  # [batch, seq, num_dir, hidden]
+            return self.mul(self.add(self.mul(self.add(self.mul(bi, self.seq), t), nd), self.i(d)), self.i(self.h))
+        return self.mul(self.add(self.mul(self.add(self.mul(t, nd), self.i(d)), self.batch), bi), self.i(self.h))
+
+    def state_offset(self, d: int, bi: ir.Value) -> ir.Value:
+        """Where batch entry ``bi``'s direction ``d`` state starts in ``Y_h``, ``Y_c``,
+        ``initial_h`` and ``initial_c``."""
+        nd = self.i(self.layer.num_dir)
+        if self.layer.layout:  # [batch, num_dir, hidden]
+            return self.mul(self.add(self.mul(bi, nd), self.i(d)), self.i(self.h))
+        return self.mul(self.add(self.mul(self.i(d), self.batch), bi), self.i(self.h))
+
+    # ---- math -----------------------------------------------------------------------------------
+    def activation(self, a: Activation, x: ir.Value) -> ir.Value:
+        b, m, c = self.b, self.ctx.math, self.c
+        if a.name == "sigmoid":
+            return m.sigmoid(x)
+        if a.name == "tanh":
+            return m.tanh(x)
+        if a.name == "relu":
+            return m.relu(x)
+        if a.name == "softsign":
+            return b.fdiv(x, b.fadd(c(1), m.fabs(x)))
+        if a.name == "softplus":  # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|)
+            return b.fadd(m.relu(x), m.log(b.fadd(c(1), m.exp(b.fneg(m.fabs(x))))))
+        if a.name == "affine":
+            return b.fadd(b.fmul(c(a.alpha), x), c(a.beta))
+        if a.name == "leakyrelu":
+            return b.select(b.fcmp_ordered(">=", x, c(0)), x, b.fmul(c(a.alpha), x))
+        if a.name == "thresholdedrelu":
+            return b.select(b.fcmp_ordered(">", x, c(a.alpha)), x, c(0))
+        if a.name == "scaledtanh":
+            return b.fmul(c(a.alpha), m.tanh(b.fmul(c(a.beta), x)))
+        if a.name == "hardsigmoid":
+            y = b.fadd(b.fmul(c(a.alpha), x), c(a.beta))
+            y = b.select(b.fcmp_ordered("<", y, c(0)), c(0), y)
+            return b.select(b.fcmp_ordered(">", y, c(1)), c(1), y)
+        if a.name == "elu":
+            return b.select(b.fcmp_ordered(">=", x, c(0)), x, b.fmul(c(a.alpha), b.fsub(m.exp(x), c(1))))
+        raise Unsupported(f"activation {a.name!r} has no generated code")
+
+    def rint(self, x: ir.Value) -> ir.Value:
+        """``x`` rounded to the nearest integer, halves to even (``np.rint``)."""
+        module = self.ctx.module
+        name = "llvm.rint.f32" if self.t == ir.FloatType() else "llvm.rint.f64"
+        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(self.t, [self.t]), name)
+        return self.b.call(fn, [x])
+
+    def quantize(self, src: ir.Value, count: ir.Value, dst: ir.Value) -> ir.Value:
+        """``dst[i] = q[i] - zero_point`` for the ``count`` floats of ``src`` quantized to
+        uint8 over their range (which holds 0) as
+        :func:`egraft.ir.ops.contrib.dynamic_quantization` does; returns the scale."""
+        ctx, b, c = self.ctx, self.b, self.c
+        lo, hi = ctx.alloca(self.t, name="q.lo"), ctx.alloca(self.t, name="q.hi")
+        b.store(c(0), lo)
+        b.store(c(0), hi)
+        with ctx.loop(count, name="qr") as i:
+            v = self.load(src, i)
+            low, high = b.load(lo), b.load(hi)
+            b.store(b.select(b.fcmp_ordered("<", v, low), v, low), lo)
+            b.store(b.select(b.fcmp_ordered(">", v, high), v, high), hi)
+        low, high = b.load(lo), b.load(hi)
+        scale = b.select(b.fcmp_ordered("==", high, low), c(1), b.fdiv(b.fsub(high, low), c(255)))
+
+        def clamp(x: ir.Value) -> ir.Value:
+            x = b.select(b.fcmp_ordered("<", x, c(0)), c(0), x)
+            return b.select(b.fcmp_ordered(">", x, c(255)), c(255), x)
+
+        zero_point = self.rint(clamp(b.fsub(c(0), b.fdiv(low, scale))))
+        with ctx.loop(count, name="qw") as i:
+            q = clamp(b.fadd(self.rint(b.fdiv(self.load(src, i), scale)), zero_point))
+            self.store(b.fsub(q, zero_point), dst, i)
+        return scale
+
+    def clip(self, x: ir.Value) -> ir.Value:
+        if self.layer.clip is None:
+            return x
+        b, lim = self.b, self.layer.clip
+        x = b.select(b.fcmp_ordered("<", x, self.c(-lim)), self.c(-lim), x)
+        return b.select(b.fcmp_ordered(">", x, self.c(lim)), self.c(lim), x)
+
+    # ---- the recurrent product --------------------------------------------------------------------
+    def recurrent_product(self, src: ir.Value, src_off: ir.Value, r_t: ir.Value, r_off: ir.Value,
+                          acc: ir.Value, col0: int, cols: int) -> None:
+        """``acc[j] += sum_k src[src_off + k] * r_t[r_off + k*G*H + col0 + j]`` for ``j < cols``,
+        ``k < hidden``: :data:`DEPTH_PER_STEP` rows of ``R^T`` per pass over ``acc``."""
+        ctx, b = self.ctx, self.b
+        full, rest = divmod(self.h, DEPTH_PER_STEP)
+
+        def rows(ks: list[ir.Value]) -> None:
+            hs = [self.load(src, b.add(src_off, k)) for k in ks]
+            starts = [self.add(r_off, b.mul(k, self.i(self.gh)), self.i(col0)) for k in ks]
+            with ctx.loop(cols, name="j") as j:
+                total = self.load(acc, j)
+                for hv, start in zip(hs, starts):
+                    total = b.fadd(b.fmul(hv, self.load(r_t, b.add(start, j)), flags=CONTRACT), total, flags=CONTRACT)
+                self.store(total, acc, j)
+
+        if full:
+            with ctx.loop(full, name="kk") as kk:
+                k0 = b.mul(kk, self.i(DEPTH_PER_STEP))
+                rows([b.add(k0, self.i(u)) for u in range(DEPTH_PER_STEP)])
+        if rest:
+            rows([self.i(full * DEPTH_PER_STEP + u) for u in range(rest)])
+
+
+def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
+    e = _Emitter(ctx, layer)
+    b, t, h, gh, nd = e.b, e.t, e.h, e.gh, layer.num_dir
+    outputs = ctx.node.outputs
+    has_out = [j < len(outputs) and outputs[j] is not None for j in range(3)]
+    y = ctx.out_ptr(0) if has_out[0] else None
+    y_h = ctx.out_ptr(1) if has_out[1] else None
+    y_c = ctx.out_ptr(2) if has_out[2] and layer.kind == "LSTM" else None
+    x = ctx.in_ptr(0)
+    lens = ctx.in_ptr(4) if ctx.has_input(4) else None
+    h0 = ctx.in_ptr(5) if ctx.has_input(5) else None
+    c0 = ctx.in_ptr(6) if ctx.has_input(6) and layer.kind == "LSTM" else None
+    for i, what in ((5, "initial_h"), (6, "initial_c")):
+        if ctx.has_input(i) and ctx.in_type(i).dtype != ctx.out_type(0).dtype:
+            raise Unsupported(f"{what} of another dtype than X")
+    w_t = ctx.derived_constant("w_t", layer.w_t)
+    r_t = ctx.derived_constant("r_t", layer.r_t.reshape(-1))
+    wb = ctx.derived_constant("wb", layer.wb.reshape(-1))
+    rb = ctx.derived_constant("rb", layer.rb.reshape(-1))
+    p = ctx.derived_constant("p", layer.p.reshape(-1)) if layer.p is not None else None
+
+    # XW = X @ W^T for every time step and direction: [seq*batch, num_dir*G*H]
+    width = nd * gh
+    rows = b.mul(e.seq, e.batch)
+    xw = heap_buffer(ctx, t, b.mul(rows, const64(width)))
+    zero = const64(0)
+    x_quantized = None
+    if layer.quantized:
+        x_quantized = heap_buffer(ctx, t, b.mul(rows, ctx.dim(e.input_dim)))
+        e.x_scale = e.quantize(x, b.mul(rows, ctx.dim(e.input_dim)), x_quantized)
+        e.w_scale = ctx.derived_constant("w_scale", layer.w_scale.reshape(-1))
+        e.r_scale = ctx.derived_constant("r_scale", layer.r_scale.reshape(-1))
+        e.h_scale = ctx.alloca(t, name="h.scale")
+        e.quantized_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
+    emit_gemm(ctx, Matrix(x if x_quantized is None else x_quantized, e.input_dim, 1), zero, Matrix(w_t, width, 1),
+              zero, xw, zero, sympy.sympify(e.seq_dim) * e.batch_dim, width, e.input_dim)
+
+    state_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
+    state_c = heap_buffer(ctx, t, b.mul(e.batch, const64(h))) if layer.kind == "LSTM" else None
+    acc = heap_buffer(ctx, t, const64(gh))
+    scaled = heap_buffer(ctx, t, const64(h)) if layer.kind == "GRU" and not layer.linear_before_reset else None
+
+    def sequence_length(bi: ir.Value) -> ir.Value:
+        """``sequence_lens[bi]`` within ``[0, seq]``."""
+        length = e.load(lens, bi)
+        length = b.sext(length, I64) if length.type != I64 else length
+        return imin(b, imax(b, length, const64(0)), e.seq)
+
+    for d in range(nd):
+        # the initial states
+        with ctx.loop(e.batch, name="b0") as bi:
+            own = b.mul(bi, const64(h))
+            given = e.state_offset(d, bi)
+            with ctx.loop(h, name="j0") as j:
+                for src, dst in ((h0, state_h), (c0, state_c)):
+                    if dst is None:
+                        continue
+                    value = e.c(0) if src is None else e.load(src, b.add(given, j))
+                    e.store(value, dst, b.add(own, j))
+        with ctx.loop(e.seq, name="s") as s:
+            if layer.quantized:  # this step's hidden states, every batch entry, quantized together
+                b.store(e.quantize(state_h, b.mul(e.batch, const64(h)), e.quantized_h), e.h_scale)
+            with ctx.loop(e.batch, name="b") as bi:
+                length = e.seq if lens is None else sequence_length(bi)
+                live = None if lens is None else b.icmp_signed("<", s, length)
+                step = b.sub(b.sub(length, const64(1)), s) if layer.reverse[d] else s
+
+                def run_cell(d=d, step=step, bi=bi) -> None:
+                    xrow = b.add(b.mul(e.x_row(step, bi), const64(width)), const64(d * gh))
+                    _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi,
+                          y, e.y_offset(step, d, bi) if y is not None else None)
+
+                if live is None:
+                    run_cell()
+                else:
+                    with b.if_else(live) as (then, otherwise):
+                        with then:
+                            run_cell()
+                        with otherwise:
+                            if y is not None:  # past the sequence's end: Y is zero
+                                out = e.y_offset(s, d, bi)
+                                with ctx.loop(h, name="jz") as j:
+                                    e.store(e.c(0), y, b.add(out, j))
+        # the final states (zero for an empty sequence, as onnxruntime writes them)
+        with ctx.loop(e.batch, name="b1") as bi:
+            own = b.mul(bi, const64(h))
+            given = e.state_offset(d, bi)
+            empty = None if lens is None else b.icmp_signed("==", sequence_length(bi), const64(0))
+            with ctx.loop(h, name="j1") as j:
+                for src, dst in ((state_h, y_h), (state_c, y_c)):
+                    if dst is not None:
+                        value = e.load(src, b.add(own, j))
+                        value = value if empty is None else b.select(empty, e.c(0), value)
+                        e.store(value, dst, b.add(given, j))
+    for buffer in (xw, state_h, state_c, acc, scaled, x_quantized, e.quantized_h):
+        if buffer is not None:
+            heap_free(ctx, buffer)
+
+
+def _cell(e: _Emitter, d: int, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi, y, y_off) -> None:
+    """One time step of batch entry ``bi``: the new state into ``state_h`` (and ``state_c``),
+    the output ``h`` into ``y`` at ``y_off``."""
+    layer, ctx, b, c = e.layer, e.ctx, e.b, e.c
+    h, gh = e.h, e.gh
+    acts = layer.activations[d]
+    own = b.mul(bi, const64(h))
+    r_off = const64(d * h * gh)
+    bias = const64(d * gh)
+
+    def x_part(col: ir.Value) -> ir.Value:
+        """``XW + Wb`` at gate column ``col``."""
+        product = e.load(xw, b.add(xrow, col))
+        if layer.quantized:
+            product = b.fmul(product, b.fmul(e.x_scale, e.load(e.w_scale, b.add(bias, col))))
+        return b.fadd(product, e.load(wb, b.add(bias, col)))
+
+    def pre(j: ir.Value, gate: int) -> ir.Value:
+        """``XW + Wb + h @ R^T + Rb`` of gate ``gate`` at column ``j``."""
+        col = b.add(j, const64(gate * h))
+        recurrent = e.load(acc, col)
+        if layer.quantized:  # acc holds the integer sums
+            scale = b.fmul(b.load(e.h_scale), e.load(e.r_scale, b.add(bias, col)))
+            recurrent = b.fadd(b.fmul(recurrent, scale), e.load(rb, b.add(bias, col)))
+        return b.fadd(x_part(col), recurrent)
+
+    def emit_y(j: ir.Value, value: ir.Value) -> None:
+        e.store(value, state_h, b.add(own, j))
+        if y is not None:
+            e.store(value, y, b.add(y_off, j))
+
+    first = 2 * h if layer.kind == "GRU" and not layer.linear_before_reset else gh
+    with ctx.loop(first, name="ja") as j:  # acc = Rb (+ h @ R^T below); quantized: the sums alone
+        e.store(c(0) if layer.quantized else e.load(rb, b.add(bias, j)), acc, j)
+    e.recurrent_product(state_h if e.quantized_h is None else e.quantized_h, own, r_t, r_off, acc, 0, first)
+
+    if layer.kind == "RNN":
+        with ctx.loop(h, name="jr") as j:
+            emit_y(j, e.activation(acts[0], e.clip(pre(j, 0))))
+        return
+
+    if layer.kind == "LSTM":
+        f, g, hh = acts
+        with ctx.loop(h, name="jl") as j:
+            c_prev = e.load(state_c, b.add(own, j))
+
+            def peep(k: int, cell: ir.Value) -> ir.Value:
+                if p is None:
+                    return c(0)
+                return b.fmul(e.load(p, b.add(const64(d * 3 * h + k * h), j)), cell)
+
+            i_gate = e.activation(f, e.clip(b.fadd(pre(j, 0), peep(0, c_prev))))
+            if layer.input_forget:
+                f_gate = b.fsub(c(1), i_gate)
+            else:
+                f_gate = e.activation(f, e.clip(b.fadd(pre(j, 2), peep(2, c_prev))))
+            cell = b.fadd(b.fmul(f_gate, c_prev), b.fmul(i_gate, e.activation(g, e.clip(pre(j, 3)))))
+            o_gate = e.activation(f, e.clip(b.fadd(pre(j, 1), peep(1, cell))))
+            e.store(cell, state_c, b.add(own, j))
+            emit_y(j, b.fmul(o_gate, e.activation(hh, cell)))
+        return
+
+    # GRU: z, r, then the candidate
+    f, g = acts
+    if layer.linear_before_reset:  # cand = XW_h + Wb_h + r * (h @ R_h^T + Rb_h)
+        with ctx.loop(h, name="jg") as j:
+            z = e.activation(f, e.clip(pre(j, 0)))
+            r = e.activation(f, e.clip(pre(j, 1)))
+            col = b.add(j, const64(2 * h))
+            cand = e.activation(g, e.clip(b.fadd(x_part(col), b.fmul(r, e.load(acc, col)))))
+            h_prev = e.load(state_h, b.add(own, j))
+            emit_y(j, b.fadd(b.fmul(b.fsub(c(1), z), cand), b.fmul(z, h_prev)))
+        return
+    # cand = XW_h + Wb_h + (r * h) @ R_h^T + Rb_h
+    with ctx.loop(h, name="jz") as j:
+        z = e.activation(f, e.clip(pre(j, 0)))
+        r = e.activation(f, e.clip(pre(j, 1)))
+        e.store(z, acc, j)  # z kept where its pre-activation was
+        e.store(b.fmul(r, e.load(state_h, b.add(own, j))), scaled, j)
+        col = b.add(j, const64(2 * h))
+        e.store(e.load(rb, b.add(bias, col)), acc, col)
+    e.recurrent_product(scaled, const64(0), r_t, r_off, b.gep(acc, [const64(2 * h)]), 2 * h, h)
+    with ctx.loop(h, name="jh") as j:
+        z = e.load(acc, j)
+        cand = e.activation(g, e.clip(pre(j, 2)))
+        h_prev = e.load(state_h, b.add(own, j))
+        emit_y(j, b.fadd(b.fmul(b.fsub(c(1), z), cand), b.fmul(z, h_prev)))
