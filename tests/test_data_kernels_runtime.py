@@ -180,3 +180,37 @@ def test_scatters_and_gathers_over_symbolic_dims(scatters, n, e, k, g, s):
              "sidx": (rng.permutation(n)[:s] - n * rng.integers(0, 2, s))[:, None],  # distinct rows
              "supd": rng.normal(0, 1, (s, 4)).astype(np.float32)}
     _check(model, compiled, feeds, rtol=1e-5, atol=1e-6)
+
+
+# ---- ConvTranspose -------------------------------------------------------------------------------------
+def _conv_transposes() -> onnx.ModelProto:
+    """Over x: f32[n, 4, h, w] (every dim symbolic): ppocr's 2x2 stride-2 upsampling with a
+    bias, a grouped dilated padded one with output_padding, a SAME_UPPER one and a 1-D one."""
+    rng = np.random.default_rng(3)
+    weights = {"w1": (4, 3, 2, 2), "b1": (3,), "w2": (4, 3, 3, 2), "w3": (4, 2, 3, 3), "w4": (4, 5, 3)}
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, s).astype(np.float32), n) for n, s in weights.items()]
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "w1", "b1"], ["y1"], strides=[2, 2], kernel_shape=[2, 2]),
+        helper.make_node("ConvTranspose", ["x", "w2"], ["y2"], group=2, strides=[3, 2], dilations=[2, 1],
+                         pads=[1, 0, 2, 1], output_padding=[1, 0]),
+        helper.make_node("ConvTranspose", ["x", "w3"], ["y3"], strides=[2, 2], auto_pad="SAME_UPPER"),
+        helper.make_node("Reshape", ["x", "flat"], ["x1"]),
+        helper.make_node("ConvTranspose", ["x1", "w4"], ["y4"], strides=[3], pads=[1, 0]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([0, 4, -1], np.int64), "flat"))
+    inputs = [helper.make_tensor_value_info("x", F32, ["n", 4, "h", "w"])]
+    outputs = [helper.make_tensor_value_info(f"y{k}", F32, None) for k in range(1, 5)]
+    return _model(nodes, inputs, outputs, inits, opset=17)
+
+
+@pytest.fixture(scope="module")
+def conv_transposes():
+    model = _conv_transposes()
+    return model, _build(model, {"ConvTranspose"})
+
+
+@pytest.mark.parametrize("n, h, w", [(1, 1, 1), (2, 5, 7), (1, 16, 9), (3, 4, 12)])
+def test_conv_transpose_over_symbolic_spatial_dims(conv_transposes, n, h, w):
+    model, compiled = conv_transposes
+    x = np.random.default_rng(n * 100 + h * 10 + w).normal(0, 1, (n, 4, h, w)).astype(np.float32)
+    _check(model, compiled, {"x": x}, rtol=1e-5, atol=1e-5)
