@@ -113,11 +113,45 @@ def _float_only(ctx: KernelContext) -> ir.Type:
     return t
 
 
-def _unary(fn: Callable) -> Callable[[KernelContext], None]:
+def _unary(name: str, fn: Callable) -> Callable[[KernelContext], None]:
     def generate(ctx: KernelContext) -> None:
+        dtype = ctx.out_type(0).dtype
+        if name == "Identity":  # a copy, any dtype
+            llvm_type(dtype)
+            emit_elementwise(ctx, lambda b, m, xs: xs[0], [0])
+            return
+        if name in INT_UNARY and not is_float(llvm_type(dtype)) and dtype != DType.BOOL:
+            if ctx.in_type(0).dtype != dtype:
+                raise Unsupported(f"{name} with mixed dtypes has no generated code")
+            body = INT_UNARY[name]
+            signed = dtype != DType.UINT8
+            emit_elementwise(ctx, lambda b, m, xs: body(b, xs[0], signed), [0])
+            return
         _float_only(ctx)
         emit_elementwise(ctx, lambda b, m, xs: fn(ctx, b, m, xs[0]), [0])
     return generate
+
+
+def _float_sign(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """-1, 0 or 1 (NaN and -0 kept, as numpy's sign)."""
+    zero, one = ir.Constant(x.type, 0.0), ir.Constant(x.type, 1.0)
+    negative = b.select(b.fcmp_ordered("<", x, zero), ir.Constant(x.type, -1.0), x)
+    return b.select(b.fcmp_ordered(">", x, zero), one, negative)
+
+
+def _int_sign(b: ir.IRBuilder, x: ir.Value, signed: bool) -> ir.Value:
+    zero = ir.Constant(x.type, 0)
+    positive = b.zext(b.icmp_unsigned("!=", x, zero) if not signed else b.icmp_signed(">", x, zero), x.type)
+    return positive if not signed else b.sub(positive, b.zext(b.icmp_signed("<", x, zero), x.type))
+
+
+#: Unary ops on integers: ``(builder, x, signed) -> result`` (wrapping, as numpy and onnxruntime:
+#: ``Abs(-128) == -128`` in int8).
+INT_UNARY: dict[str, Callable] = {
+    "Abs": lambda b, x, signed: b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x) if signed else x,
+    "Neg": lambda b, x, signed: b.neg(x),
+    "Sign": _int_sign,
+}
 
 
 UNARY = {
@@ -132,6 +166,10 @@ UNARY = {
     "Sigmoid": lambda ctx, b, m, x: m.sigmoid(x),
     "Reciprocal": lambda ctx, b, m, x: b.fdiv(m.const(x.type, 1.0), x),
     "Identity": lambda ctx, b, m, x: x,
+    "Floor": lambda ctx, b, m, x: m._intrinsic("floor", x),
+    "Ceil": lambda ctx, b, m, x: m._intrinsic("ceil", x),
+    "Round": lambda ctx, b, m, x: m._intrinsic("roundeven", x),
+    "Sign": lambda ctx, b, m, x: _float_sign(b, x),
     "LeakyRelu": lambda ctx, b, m, x: b.select(
         b.fcmp_ordered("<", x, m.const(x.type, 0)), b.fmul(x, m.const(x.type, ctx.attr("alpha", 0.01))), x),
     "HardSigmoid": lambda ctx, b, m, x: m.minimum(m.maximum(
@@ -141,7 +179,30 @@ UNARY = {
         b.fadd(b.fmul(x, m.const(x.type, 1 / 6)), m.const(x.type, 0.5)), m.const(x.type, 0)), m.const(x.type, 1))),
 }
 for _name, _fn in UNARY.items():
-    register_kernel(_name, in_place=True)(_unary(_fn))
+    register_kernel(_name, in_place=True)(_unary(_name, _fn))
+
+
+@register_kernel("IsNaN", "IsInf", in_place=True)
+def is_nan_or_inf(ctx: KernelContext) -> None:
+    """x is NaN / x is +inf (``detect_positive``) or -inf (``detect_negative``), as a bool byte."""
+    t = llvm_type(ctx.in_type(0).dtype)
+    if not is_float(t):
+        raise Unsupported(f"{ctx.node.op} on {ctx.in_type(0).dtype.short} has no generated code")
+    positive, negative = bool(ctx.attr("detect_positive", 1)), bool(ctx.attr("detect_negative", 1))
+
+    def body(b, m, xs):
+        x = xs[0]
+        if ctx.node.op == "IsNaN":
+            flag = b.fcmp_unordered("uno", x, x)
+        else:
+            flag = ir.Constant(ir.IntType(1), 0)
+            if positive:
+                flag = b.or_(flag, b.fcmp_ordered("==", x, ir.Constant(t, float("inf"))))
+            if negative:
+                flag = b.or_(flag, b.fcmp_ordered("==", x, ir.Constant(t, float("-inf"))))
+        return b.zext(flag, ir.IntType(8))
+
+    emit_elementwise(ctx, body, [0])
 
 
 def _binary_float(op: str) -> Callable:
@@ -161,6 +222,11 @@ def _binary_int(op: str, signed: bool) -> Callable:
         return lambda b, m, x, y: b.mul(x, y)
     if op == "Div":
         return lambda b, m, x, y: _int_divide(b, x, y, signed)
+    if op in ("Max", "Min"):
+        compare = ">" if op == "Max" else "<"
+        if signed:
+            return lambda b, m, x, y: b.select(b.icmp_signed(compare, x, y), x, y)
+        return lambda b, m, x, y: b.select(b.icmp_unsigned(compare, x, y), x, y)
     raise Unsupported(f"integer {op} has no generated code")
 
 
@@ -250,24 +316,38 @@ def mod(ctx: KernelContext) -> None:
 
 @register_kernel("Clip", in_place=True)
 def clip(ctx: KernelContext) -> None:
-    """min(max(x, lo), hi) with lo/hi as constant inputs (opset 11+) or attributes."""
-    t = _float_only(ctx)
-    bounds = []
+    """min(max(x, lo), hi) with lo/hi as inputs (opset 11+; constant, or computed scalars read
+    once when the kernel runs) or attributes; floats and integers."""
+    dtype = ctx.out_type(0).dtype
+    t = llvm_type(dtype)
+    if dtype == DType.BOOL or any(ctx.has_input(i) and ctx.in_type(i).dtype != dtype for i in range(3)):
+        raise Unsupported(f"Clip on {dtype.short} (or mixed dtypes) has no generated code")
+    bounds: list[ir.Value | None] = []
     for index, attr in ((1, "min"), (2, "max")):
         if ctx.has_input(index):
             value = ctx.constant(index)
-            if value is None:
-                raise Unsupported("Clip with computed bounds has no generated code")
-            bounds.append(float(value))
+            if value is not None:
+                bounds.append(ctx.math.const(t, value.reshape(-1)[0].item()))
+            elif any(d != 1 for d in ctx.shape(ctx.in_type(index))):
+                raise Unsupported(f"Clip bound of shape {list(ctx.shape(ctx.in_type(index)))} (a scalar only)")
+            else:
+                bounds.append(ctx.builder.load(ctx.in_ptr(index)))
         else:
-            bounds.append(ctx.attr(attr, None))
+            value = ctx.attr(attr, None)
+            bounds.append(None if value is None else ctx.math.const(t, value))
+    signed = dtype != DType.UINT8
+
+    def less(b, x, y):
+        if is_float(t):
+            return b.fcmp_ordered("<", x, y)
+        return b.icmp_signed("<", x, y) if signed else b.icmp_unsigned("<", x, y)
 
     def body(b, m, xs):
         x = xs[0]
         if bounds[0] is not None:
-            x = b.select(b.fcmp_ordered("<", x, m.const(t, bounds[0])), m.const(t, bounds[0]), x)
+            x = b.select(less(b, x, bounds[0]), bounds[0], x)
         if bounds[1] is not None:
-            x = b.select(b.fcmp_ordered(">", x, m.const(t, bounds[1])), m.const(t, bounds[1]), x)
+            x = b.select(less(b, bounds[1], x), bounds[1], x)
         return x
 
     emit_elementwise(ctx, body, [0])

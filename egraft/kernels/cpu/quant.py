@@ -1,0 +1,450 @@
+"""Quantization kernels: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the
+integer products MatMulInteger and ConvInteger.
+
+Semantics follow onnxruntime's CPU kernels bit for bit:
+
+- quantizing is ``saturate(round_half_even(x / scale) + zero_point)`` in float32 (a
+  division, not a multiplication by the reciprocal), clamped in float before the cast;
+- DynamicQuantizeLinear maps ``[min(x, 0), max(x, 0)]`` onto ``[0, 255]``: ``scale =
+  (max - min) / 255`` (1 when ``max == min``, as onnxruntime), ``zero_point =
+  round_half_even(clamp(0 - min / scale, 0, 255))``;
+- dequantizing is ``float(x - zero_point) * scale`` (the difference in int32);
+- the integer products accumulate ``(a - a_zero_point) * (b - b_zero_point)`` exactly in
+  int32 (no int16 saturation).
+
+MatMulInteger needs a constant ``B`` (2-D) and ``b_zero_point``: ``B - b_zero_point`` is
+repacked at compile time into panels of ``NR`` int16 columns (:func:`pack_integer_panels`),
+and the product runs in register tiles of ``MR`` rows by ``NR`` columns of int32 vectors,
+widened from int8 on the fly; panels are split over threads.
+
+Example: ``MatMulInteger(a: u8[batch, seq, 512], B: i8[512, 384] (constant), a_zp: u8[], b_zp: i8[])``
+is one ``(batch*seq) x 512 @ 512 x 384`` product over 24 panels of 16 columns (AVX-512).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+from llvmlite import ir
+
+from egraft.ir.dtypes import DType
+from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu.conv_symbolic import symbolic_geometry, valid_range
+from egraft.kernels.cpu.emit import (
+    F32,
+    I8,
+    I32,
+    KernelContext,
+    Unsupported,
+    const64,
+    imin,
+    register_packing,
+    splat,
+)
+from egraft.kernels.cpu.llvm import host_vector_bits
+
+I16 = ir.IntType(16)
+#: Rows of the output per register tile of MatMulInteger.
+MR = 4
+#: The integer types the quantized ops read and write, with their ranges.
+RANGES = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
+
+
+# ---- shared pieces ------------------------------------------------------------------------------
+def _roundeven(ctx: KernelContext, x: ir.Value) -> ir.Value:
+    """Round half to even (``llvm.roundeven``; vectorizes to ``roundps``)."""
+    return ctx.math._intrinsic("roundeven", x)
+
+
+def _widen(b: ir.IRBuilder, value: ir.Value, dtype: DType, to: ir.Type = I32) -> ir.Value:
+    """An element of ``dtype`` (u8/i8/i32) as ``to``: zero-extended for u8, sign-extended otherwise."""
+    if value.type == to:
+        return value
+    return b.zext(value, to) if dtype == DType.UINT8 else b.sext(value, to)
+
+
+def _int_dtype(ctx: KernelContext, i: int, allowed=(DType.UINT8, DType.INT8)) -> DType:
+    dtype = ctx.in_type(i).dtype
+    if dtype not in allowed:
+        raise Unsupported(f"{ctx.node.op} on {dtype.short} input {i} has no generated code "
+                          f"({', '.join(d.short for d in allowed)} only)")
+    return dtype
+
+
+def _numel(shape) -> object:
+    total = sympy.Integer(1)
+    for d in shape:
+        total = total * d
+    return sympy.expand(total)
+
+
+def _is_scalar(shape) -> bool:
+    return len(shape) == 0 or (len(shape) == 1 and shape[0] == 1)
+
+
+def _param_layout(ctx: KernelContext, indices) -> int | None:
+    """The axis along which the scale/zero point inputs ``indices`` vary (``None``: per tensor);
+    :class:`Unsupported` for blocked or other layouts."""
+    if ctx.opset >= 21 and int(ctx.attr("block_size", 0) or 0):
+        raise Unsupported(f"blocked {ctx.node.op} (block_size) has no generated code")
+    x_shape = ctx.shape(ctx.in_type(0))
+    shapes = [ctx.shape(ctx.in_type(i)) for i in indices if ctx.has_input(i)]
+    if all(_is_scalar(s) for s in shapes):
+        return None
+    if not x_shape or any(len(s) != 1 for s in shapes):
+        raise Unsupported(f"{ctx.node.op} parameters of shapes {[list(s) for s in shapes]} have no generated code "
+                          "(a scalar or a 1-D tensor along axis)")
+    return int(ctx.attr("axis", 1)) % len(x_shape)
+
+
+def _param_index(ctx: KernelContext, i: int, channel: ir.Value | None) -> ir.Value:
+    """Where parameter input ``i`` is read for ``channel`` (0 for a per-tensor parameter)."""
+    if channel is None or not ctx.has_input(i) or _is_scalar(ctx.shape(ctx.in_type(i))):
+        return const64(0)
+    return channel
+
+
+def _per_axis_loops(ctx: KernelContext, axis: int | None, body) -> None:
+    """``body(index, channel)`` for every element of input 0 (``channel``: its index along
+    ``axis``, constant 0 per tensor); the parameters of a channel are loaded by ``body`` once
+    per channel when it calls ``per_channel`` (see the callers)."""
+    shape = ctx.shape(ctx.in_type(0))
+    b = ctx.builder
+    if axis is None:
+        with ctx.loop(ctx.numel(shape), name="i") as i:
+            body(i, None)
+        return
+    outer, channels, inner = _numel(shape[:axis]), shape[axis], _numel(shape[axis + 1:])
+    inner_v, channels_v = ctx.dim(inner), ctx.dim(channels)
+    with ctx.loop(ctx.dim(outer), name="o") as o:
+        with ctx.loop(channels_v, name="c") as c:
+            base = b.mul(b.add(b.mul(o, channels_v), c), inner_v)
+            params = body(None, c)
+            with ctx.loop(inner_v, name="j") as j:
+                params(b.add(base, j))
+
+
+# ---- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear ----------------------------------------
+def _quantize(ctx: KernelContext, x: ir.Value, scale: ir.Value, zero_point: ir.Value, dtype: DType) -> ir.Value:
+    """``saturate(round_half_even(x / scale) + zero_point)`` as ``dtype`` (``zero_point`` a float);
+    NaN saturates to the low end (as onnxruntime's vector path)."""
+    b = ctx.builder
+    lo, hi = (ir.Constant(F32, float(v)) for v in RANGES[dtype])
+    q = b.fadd(_roundeven(ctx, b.fdiv(x, scale)), zero_point)
+    q = b.select(b.fcmp_ordered(">", q, lo), q, lo)
+    q = b.select(b.fcmp_ordered("<", q, hi), q, hi)
+    return b.fptosi(q, I32) if dtype == DType.INT8 else b.fptoui(q, I32)
+
+
+@register_kernel("QuantizeLinear")
+def quantize_linear(ctx: KernelContext) -> None:
+    """f32 -> u8/i8, scale and zero point per tensor or per axis (any of them computed at run time)."""
+    if ctx.in_type(0).dtype != DType.FLOAT32 or ctx.in_type(1).dtype != DType.FLOAT32:
+        raise Unsupported("QuantizeLinear of a non-f32 input or scale has no generated code")
+    if ctx.opset >= 23 and int(ctx.attr("precision", 0) or 0) not in (0, 1):
+        raise Unsupported("QuantizeLinear with a precision other than f32 has no generated code")
+    dtype = ctx.out_type(0).dtype
+    if dtype not in RANGES:
+        raise Unsupported(f"QuantizeLinear to {dtype.short} has no generated code (u8 and i8 only)")
+    axis = _param_layout(ctx, (1, 2))
+    b = ctx.builder
+    x, y, s = ctx.in_ptr(0), ctx.out_ptr(0), ctx.in_ptr(1)
+    zp = ctx.in_ptr(2) if ctx.has_input(2) else None
+
+    def params(c):
+        at = [_param_index(ctx, i, c) for i in (1, 2)]
+        scale = b.load(b.gep(s, [at[0]]))
+        zero = ir.Constant(F32, 0.0) if zp is None else b.sitofp(_widen(b, b.load(b.gep(zp, [at[1]])), dtype), F32)
+        return scale, zero
+
+    def element(i, c):
+        if i is not None:
+            scale, zero = fixed
+            b.store(b.trunc(_quantize(ctx, b.load(b.gep(x, [i])), scale, zero, dtype), I8), b.gep(y, [i]))
+            return None
+        scale, zero = params(c)
+        return lambda j: b.store(b.trunc(_quantize(ctx, b.load(b.gep(x, [j])), scale, zero, dtype), I8), b.gep(y, [j]))
+
+    fixed = params(None) if axis is None else None
+    _per_axis_loops(ctx, axis, element)
+
+
+@register_kernel("DequantizeLinear")
+def dequantize_linear(ctx: KernelContext) -> None:
+    """u8/i8/i32 -> f32: ``float(x - zero_point) * scale``, per tensor or per axis."""
+    dtype = _int_dtype(ctx, 0, (DType.UINT8, DType.INT8, DType.INT32))
+    if ctx.in_type(1).dtype != DType.FLOAT32 or ctx.out_type(0).dtype != DType.FLOAT32:
+        raise Unsupported("DequantizeLinear to a type other than f32 has no generated code")
+    axis = _param_layout(ctx, (1, 2))
+    b = ctx.builder
+    x, y, s = ctx.in_ptr(0), ctx.out_ptr(0), ctx.in_ptr(1)
+    zp = ctx.in_ptr(2) if ctx.has_input(2) else None
+
+    def params(c):
+        at = [_param_index(ctx, i, c) for i in (1, 2)]
+        scale = b.load(b.gep(s, [at[0]]))
+        zero = ir.Constant(I32, 0) if zp is None else _widen(b, b.load(b.gep(zp, [at[1]])), dtype)
+        return scale, zero
+
+    def value(j, scale, zero):
+        diff = b.sub(_widen(b, b.load(b.gep(x, [j])), dtype), zero)
+        b.store(b.fmul(b.sitofp(diff, F32), scale), b.gep(y, [j]))
+
+    def element(i, c):
+        if i is not None:
+            value(i, *fixed)
+            return None
+        scale, zero = params(c)
+        return lambda j: value(j, scale, zero)
+
+    fixed = params(None) if axis is None else None
+    _per_axis_loops(ctx, axis, element)
+
+
+@register_kernel("DynamicQuantizeLinear")
+def dynamic_quantize_linear(ctx: KernelContext) -> None:
+    """f32 -> u8 with the scale and zero point of x's range (two passes: min/max, then quantize)."""
+    if ctx.in_type(0).dtype != DType.FLOAT32:
+        raise Unsupported("DynamicQuantizeLinear of a non-f32 input has no generated code")
+    b = ctx.builder
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    count = ctx.numel(ctx.shape(ctx.in_type(0)))
+    zero = ir.Constant(F32, 0.0)
+    # pass 1: the range, zero included; in vectors of `width`, then the tail
+    width = max(4, host_vector_bits() // 32)
+    vt = ir.VectorType(F32, width)
+    lo_v, hi_v = ctx.alloca(vt, "lo.v"), ctx.alloca(vt, "hi.v")
+    b.store(ir.Constant(vt, [0.0] * width), lo_v)
+    b.store(ir.Constant(vt, [0.0] * width), hi_v)
+    blocks = b.sdiv(count, const64(width))
+    with ctx.loop(blocks, name="v") as v:
+        xv = b.load(b.bitcast(b.gep(x, [b.mul(v, const64(width))]), vt.as_pointer()), align=4)
+        b.store(ctx.math._intrinsic("minnum", b.load(lo_v), xv), lo_v)
+        b.store(ctx.math._intrinsic("maxnum", b.load(hi_v), xv), hi_v)
+    lo_s, hi_s = ctx.alloca(F32, "lo"), ctx.alloca(F32, "hi")
+    lo_vec, hi_vec = b.load(lo_v), b.load(hi_v)
+    lo_acc, hi_acc = zero, zero
+    for lane in range(width):
+        at = ir.Constant(I32, lane)
+        lo_acc = ctx.math._intrinsic("minnum", lo_acc, b.extract_element(lo_vec, at))
+        hi_acc = ctx.math._intrinsic("maxnum", hi_acc, b.extract_element(hi_vec, at))
+    b.store(lo_acc, lo_s)
+    b.store(hi_acc, hi_s)
+    with ctx.loop(count, name="t", start=b.mul(blocks, const64(width))) as i:
+        value = b.load(b.gep(x, [i]))
+        b.store(ctx.math._intrinsic("minnum", b.load(lo_s), value), lo_s)
+        b.store(ctx.math._intrinsic("maxnum", b.load(hi_s), value), hi_s)
+    lo, hi = b.load(lo_s), b.load(hi_s)
+    # the parameters, as onnxruntime's GetQuantizationParameter
+    same = b.fcmp_ordered("==", hi, lo)
+    scale = b.select(same, ir.Constant(F32, 1.0), b.fdiv(b.fsub(hi, lo), ir.Constant(F32, 255.0)))
+    initial = b.fsub(zero, b.fdiv(lo, scale))
+    clamped = b.select(b.fcmp_ordered("<", initial, ir.Constant(F32, 255.0)), initial, ir.Constant(F32, 255.0))
+    clamped = b.select(b.fcmp_ordered(">", clamped, zero), clamped, zero)
+    zero_point = _roundeven(ctx, clamped)
+    b.store(scale, ctx.out_ptr(1))
+    b.store(b.trunc(b.fptoui(zero_point, I32), I8), ctx.out_ptr(2))
+    # pass 2
+    with ctx.loop(count, name="q") as i:
+        q = _quantize(ctx, b.load(b.gep(x, [i])), scale, zero_point, DType.UINT8)
+        b.store(b.trunc(q, I8), b.gep(y, [i]))
+
+
+# ---- MatMulInteger --------------------------------------------------------------------------------
+@register_packing("quant.integer_panels", gather=False)
+def pack_integer_panels(b: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
+    """``B - zero_point`` (``B`` [K, N] u8/i8; the zero point one value or one per column) as
+    int16 panels of ``nr`` columns, ``[ceil(N/nr), K, nr]`` with zero columns past N, returned
+    as its bytes (int8; the kernel reads int16).
+
+    Example:
+        >>> pack_integer_panels(np.array([[1, 2, 3]], np.uint8), 2, (1,)).view(np.int16).tolist()
+        [0, 1, 2, 0]
+    """
+    b = np.asarray(b).astype(np.int32)
+    k, n = b.shape
+    zp = np.asarray(zero_point, np.int32)
+    b = b - (zp.reshape(1, -1) if zp.size > 1 else zp.reshape(()))
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), np.int16)
+    padded[:, :n] = b
+    packed = np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+    return packed.reshape(-1).view(np.int8)
+
+
+def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, ...]:
+    """Constant zero point input ``i`` (per tensor, or ``count`` values) as a tuple of ints."""
+    if not ctx.has_input(i):
+        return (0,)
+    value = ctx.constant(i)
+    if value is None:
+        raise Unsupported(f"{ctx.node.op} with a computed zero point for its constant operand has no generated code")
+    flat = np.asarray(value).astype(np.int64).reshape(-1)
+    if flat.size not in (1, count):
+        raise Unsupported(f"{ctx.node.op} zero point of {flat.size} values for {count} columns")
+    return tuple(int(v) for v in flat)
+
+
+@register_kernel("MatMulInteger")
+def matmul_integer(ctx: KernelContext) -> None:
+    """``(A - a_zero_point) @ (B - b_zero_point)`` in int32 for a constant 2-D ``B``; A's zero
+    point per tensor or per row, computed or constant; B's per tensor or per column."""
+    a_dtype = _int_dtype(ctx, 0)
+    _int_dtype(ctx, 1)
+    if ctx.has_input(2) and ctx.in_type(2).dtype != a_dtype:
+        raise Unsupported("MatMulInteger a_zero_point of another type than A")
+    w = ctx.constant(1)
+    if w is None:
+        raise Unsupported("MatMulInteger with a computed B has no generated code (B must be a constant)")
+    a_shape = ctx.shape(ctx.in_type(0))
+    if w.ndim != 2 or not a_shape:
+        raise Unsupported(f"MatMulInteger with B of rank {w.ndim} (2 only) or a scalar A has no generated code")
+    k, n = (int(d) for d in w.shape)
+    if a_shape[-1] != k:
+        raise Unsupported(f"MatMulInteger: A's last dim {a_shape[-1]} is not B's {k} at compile time")
+    rows_dim = _numel(a_shape[:-1])
+    b_zero = _constant_zero_point(ctx, 3, n)
+    width = max(4, host_vector_bits() // 32)
+    nr = 2 * width
+    panels = -(-n // nr)
+    packed, _ = ctx.packed_constant("panels", "quant.integer_panels", 1, nr=nr, zero_point=b_zero)
+    b = ctx.builder
+    bp = b.bitcast(packed, I16.as_pointer())
+    a, c = ctx.in_ptr(0), ctx.out_ptr(0)
+    rows = ctx.dim(rows_dim)
+    # A's zero point: none, per tensor (loaded once) or per row of A's last matrix
+    a_zp_ptr, a_zp_rows, a_zp = None, None, ir.Constant(I32, 0)
+    if ctx.has_input(2):
+        zp_shape = ctx.shape(ctx.in_type(2))
+        a_zp_ptr = ctx.in_ptr(2)
+        if _is_scalar(zp_shape):
+            a_zp = _widen(b, b.load(a_zp_ptr), a_dtype)
+        elif len(zp_shape) == 1 and len(a_shape) >= 2:
+            a_zp_rows = ctx.dim(a_shape[-2])
+        else:
+            raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
+    vt16, vt32 = ir.VectorType(I16, width), ir.VectorType(I32, width)
+    vectors = nr // width
+
+    def row_zero(r: ir.Value) -> ir.Value:
+        if a_zp_rows is None:
+            return a_zp
+        return _widen(b, b.load(b.gep(a_zp_ptr, [b.srem(r, a_zp_rows)])), a_dtype)
+
+    def tile(r0: ir.Value, mr: int, panel: ir.Value, valid: ir.Value) -> None:
+        """Rows ``r0 .. r0 + mr`` of the output's columns in ``panel`` (``valid`` of them inside N)."""
+        slots = [[ctx.alloca(vt32, name=f"acc{i}_{v}") for v in range(vectors)] for i in range(mr)]
+        for row in slots:
+            for slot in row:
+                b.store(ir.Constant(vt32, [0] * width), slot)
+        zeros = [row_zero(b.add(r0, const64(i))) for i in range(mr)]
+        a_rows = [b.mul(b.add(r0, const64(i)), const64(k)) for i in range(mr)]
+        base = b.mul(panel, const64(k * nr))
+        with ctx.loop(const64(k), name="k") as kk:
+            at = b.add(base, b.mul(kk, const64(nr)))
+            bv = [b.sext(b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * width))]), vt16.as_pointer()), align=2),
+                      vt32) for v in range(vectors)]
+            for i in range(mr):
+                av = b.sub(_widen(b, b.load(b.gep(a, [b.add(a_rows[i], kk)])), a_dtype), zeros[i])
+                av = splat(b, av, width)
+                for v in range(vectors):
+                    slot = slots[i][v]
+                    b.store(b.add(b.load(slot), b.mul(av, bv[v])), slot)
+        column = b.mul(panel, const64(nr))
+        with b.if_else(b.icmp_signed("==", valid, const64(nr))) as (whole, part):
+            with whole:
+                for i in range(mr):
+                    out = b.add(b.mul(b.add(r0, const64(i)), const64(n)), column)
+                    for v in range(vectors):
+                        pointer = b.bitcast(b.gep(c, [b.add(out, const64(v * width))]), vt32.as_pointer())
+                        b.store(b.load(slots[i][v]), pointer, align=4)
+            with part:
+                for i in range(mr):
+                    out = b.add(b.mul(b.add(r0, const64(i)), const64(n)), column)
+                    lanes = ctx.alloca(ir.ArrayType(I32, nr), name=f"lanes{i}")
+                    first = b.bitcast(lanes, I32.as_pointer())
+                    for v in range(vectors):
+                        b.store(b.load(slots[i][v]), b.bitcast(b.gep(first, [const64(v * width)]), vt32.as_pointer()),
+                                align=4)
+                    with ctx.loop(valid, name="j") as j:
+                        b.store(b.load(b.gep(first, [j])), b.gep(c, [b.add(out, j)]))
+
+    lo, hi = ctx.share(panels)
+    with ctx.loop(hi, start=lo, name="panel") as panel:
+        valid = imin(b, const64(nr), b.sub(const64(n), b.mul(panel, const64(nr))))
+        tiles = b.sdiv(rows, const64(MR))
+        with ctx.loop(tiles, name="tile") as t:
+            tile(b.mul(t, const64(MR)), MR, panel, valid)
+        with ctx.loop(rows, start=b.mul(tiles, const64(MR)), name="row") as r:
+            tile(r, 1, panel, valid)
+
+
+# ---- ConvInteger ----------------------------------------------------------------------------------
+@register_packing("quant.conv_integer_weights", gather=False)
+def pack_conv_integer_weights(w: np.ndarray, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
+    """``w - zero_point`` (per tensor, or one value per output channel) as int32, same layout.
+
+    Example:
+        >>> pack_conv_integer_weights(np.array([[[[3]]], [[[5]]]], np.uint8), (1, 2)).ravel().tolist()
+        [2, 3]
+    """
+    w = np.asarray(w).astype(np.int32)
+    zp = np.asarray(zero_point, np.int32)
+    shift = zp.reshape((-1,) + (1,) * (w.ndim - 1)) if zp.size > 1 else zp.reshape(())
+    return np.ascontiguousarray(w - shift)
+
+
+@register_kernel("ConvInteger")
+def conv_integer(ctx: KernelContext) -> None:
+    """int32 convolution of ``x - x_zero_point`` (per tensor, computed or constant) with the
+    constant ``w - w_zero_point`` (per tensor or per output channel), 1-D or 2-D, runtime
+    spatial sizes (static channels and kernel); padding contributes zero. Output channels
+    are split over threads; the innermost loop runs over contiguous output columns."""
+    x_dtype, _ = _int_dtype(ctx, 0), _int_dtype(ctx, 1)
+    if ctx.constant(1) is None:
+        raise Unsupported("ConvInteger with computed weights has no generated code")
+    g = symbolic_geometry(ctx)
+    w_zero = _constant_zero_point(ctx, 3, g.out_channels)
+    weights, _ = ctx.packed_constant("weights", "quant.conv_integer_weights", 1, zero_point=w_zero)
+    b = ctx.builder
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    x_zero = ir.Constant(I32, 0)
+    if ctx.has_input(2):
+        if not _is_scalar(ctx.shape(ctx.in_type(2))):
+            raise Unsupported("ConvInteger with a per-channel x_zero_point has no generated code")
+        x_zero = _widen(b, b.load(ctx.in_ptr(2)), x_dtype)
+    in_h, in_w, out_h, out_w = (ctx.dim(d) for d in (g.in_h, g.in_w, g.out_h, g.out_w))
+    pad_h, pad_w = ctx.dim(g.pad_h), ctx.dim(g.pad_w)
+    group_in, group_out = g.channels // g.group, g.out_channels // g.group
+    column_ranges = []
+    for kw in range(g.k_w):
+        offset = b.sub(const64(kw * g.dil_w), pad_w)
+        column_ranges.append((offset, *valid_range(b, offset, g.stride_w, in_w, out_w)))
+    lo, hi = ctx.share(g.out_channels)
+    with ctx.loop(ctx.dim(g.batch), name="n") as n:
+        with ctx.loop(hi, start=lo, name="oc") as oc:
+            grp = b.sdiv(oc, const64(group_out))
+            with ctx.loop(out_h, name="oh") as oh:
+                y_row = b.mul(b.add(b.mul(b.add(b.mul(n, const64(g.out_channels)), oc), out_h), oh), out_w)
+                with ctx.loop(out_w, name="ow0") as ow:
+                    b.store(ir.Constant(I32, 0), b.gep(y, [b.add(y_row, ow)]))
+                top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)
+                kh_lo, kh_hi = valid_range(b, top, g.dil_h, in_h, const64(g.k_h))
+                with ctx.loop(const64(group_in), name="ic") as ic:
+                    channel = b.add(b.mul(grp, const64(group_in)), ic)
+                    w_base = b.mul(b.add(b.mul(oc, const64(group_in)), ic), const64(g.k_h * g.k_w))
+                    with ctx.loop(kh_hi, name="kh", start=kh_lo) as kh:
+                        ih = b.add(top, b.mul(kh, const64(g.dil_h)))
+                        x_row = b.mul(b.add(b.mul(b.add(b.mul(n, const64(g.channels)), channel), in_h), ih), in_w)
+                        w_row = b.add(w_base, b.mul(kh, const64(g.k_w)))
+                        for kw, (offset, c_lo, c_hi) in enumerate(column_ranges):
+                            weight = b.load(b.gep(weights, [b.add(w_row, const64(kw))]))
+                            with ctx.loop(c_hi, name="ow", start=c_lo) as ow:
+                                iw = b.add(b.mul(ow, const64(g.stride_w)), offset)
+                                value = b.sub(_widen(b, b.load(b.gep(x, [b.add(x_row, iw)])), x_dtype), x_zero)
+                                out = b.gep(y, [b.add(y_row, ow)])
+                                b.store(b.add(b.load(out), b.mul(weight, value)), out)
+
+
+__all__ = ["pack_integer_panels", "pack_conv_integer_weights", "matmul_integer", "conv_integer", "quantize_linear",
+           "dequantize_linear", "dynamic_quantize_linear", "MR", "RANGES"]
