@@ -59,7 +59,8 @@ def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, 
 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
-            cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None):
+            cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None,
+            specialize: str = "off"):
     """Compile ``model`` for ``target``.
 
     Args:
@@ -77,20 +78,36 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         threads: how many threads a call may use (default ``$EGRAFT_NUM_THREADS``, else
             every core this process may run on); ``compiled.threads`` changes it later.
             It does not change the compiled code.
+        specialize: ``"auto"``: also build a variant for each binding of the inputs' symbolic
+            dims the model is called with, in the background, and run it once it is ready
+            (:mod:`egraft.specializing`; variants go through the compile cache); ``"off"``:
+            the one generic build serves every shape.
 
     Returns:
-        A :class:`egraft.lowering.runtime.CompiledModel`; ``.report()`` says what ran where.
+        A :class:`egraft.lowering.runtime.CompiledModel` (with ``specialize="auto"`` and
+        symbolic input dims, a :class:`egraft.specializing.SpecializingModel` around one);
+        ``.report()`` says what ran where.
     """
+    from egraft.specializing import SPECIALIZE, SpecializingModel
+
     if target not in TARGETS:
         raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
     if threads is not None and threads < 1:
         raise EgraftError(f"threads={threads}: give 1 or more")
+    if specialize not in SPECIALIZE:
+        raise EgraftError(f"specialize={specialize!r}: give one of {', '.join(SPECIALIZE)}")
     if isinstance(model, str | Path) and str(model).endswith(".json"):
         compiled = _compile_plan(Path(model), target, use_cache)
     else:
         compiled = _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache)
     if threads is not None:
         compiled.threads = threads
+    is_plan = isinstance(model, str | Path) and str(model).endswith(".json")
+    if specialize == "auto" and not is_plan:
+        wrapped = SpecializingModel(compiled, model, dict(shape or {}), dict(
+            rules=[str(p) for p in rules], rules_off=list(rules_off), rewrite=rewrite, cost=cost, extractor=extractor))
+        if wrapped.guard_symbols:
+            return wrapped
     return compiled
 
 

@@ -1,0 +1,193 @@
+"""Specialization with guards: one generic build serves every shape at once; variants for
+the shapes a model actually sees are built in the background and picked by a guard.
+
+``egraft.compile(model, specialize="auto")`` returns a :class:`SpecializingModel`. A call
+whose input dims (the binding of the inputs' symbolic dims) have a finished variant runs
+the variant: the model compiled with those dims bound (``compile(model, shape=...)``,
+static shapes, so the layout rules and the static kernels apply). Any other call runs
+the generic build at once and, the first time that binding is seen, asks for its variant.
+
+Variants are built in a separate process (a fresh ``python`` at low priority that
+compiles into the compile cache), never in the calling process: a compile there would
+hold the interpreter lock and slow the very calls it should speed up. A thread waits for
+the worker and then reads the finished build from the cache (milliseconds), so no call
+waits for a compile.
+At most :data:`MAX_VARIANTS` bindings get variants; later ones stay on the generic build.
+
+Example:
+    >>> compiled = egraft.compile("ocr.onnx", specialize="auto")        # doctest: +SKIP
+    >>> compiled.run({"x": image_32x320})    # generic kernels; the 32x320 variant starts building
+    >>> compiled.wait()                        # (only for tests and benchmarks)
+    >>> compiled.run({"x": image_32x320})    # the variant
+    >>> compiled.variants                      # {(('h', 32), ('w', 320)): 'ready'}
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import sympy
+
+#: Bindings that get their own variant, per compiled model.
+MAX_VARIANTS = 8
+#: The ``specialize`` settings ``egraft.compile`` takes.
+SPECIALIZE = ("off", "auto")
+#: One variant builds at a time, process-wide (each build is a whole compile).
+_ONE_BUILD = threading.Lock()
+
+#: The worker: lowers its priority, then compiles the model of the pickled request into the cache.
+_WORKER = """
+import os, pickle, sys
+os.nice(10)
+with open(sys.argv[1], "rb") as f:
+    request = pickle.load(f)
+import egraft
+egraft.compile(request["model"], shape=request["shape"], use_cache=True, **request["options"])
+"""
+
+
+def _build_into_cache(model, shape: dict[str, int], options: dict) -> None:
+    """Compile ``model`` specialized to ``shape`` into the compile cache, in a fresh Python
+    process (``python -c``: no fork of the caller's threads, no re-import of its main
+    module); raises ``RuntimeError`` with the worker's last error line when it fails."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    with tempfile.TemporaryDirectory(prefix="egraft-variant-") as folder:
+        request = Path(folder) / "request.pkl"
+        request.write_bytes(pickle.dumps({"model": model, "shape": shape, "options": options}))
+        done = subprocess.run([sys.executable, "-c", _WORKER, str(request)], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise RuntimeError(lines[-1] if lines else f"the worker exited with {done.returncode}")
+
+
+class SpecializingModel:
+    """A generic compiled model plus the variants built for the bindings it has seen.
+
+    It runs and reports like a :class:`~egraft.lowering.runtime.CompiledModel` (the report,
+    steps and graph are the generic build's); :attr:`variants` says which bindings have a
+    variant and in what state; :meth:`wait` blocks until the variants asked for so far are
+    done.
+    """
+
+    def __init__(self, generic, model, shape: Mapping[str, int], options: Mapping[str, object]):
+        self.generic = generic
+        self._shape = dict(shape)  # dims the caller bound at compile time: every variant binds them too
+        self._model = bytes(model) if isinstance(model, bytes | bytearray) else model
+        if isinstance(model, str | Path):
+            self._model = str(model)
+        elif hasattr(model, "SerializeToString"):
+            self._model = model.SerializeToString()
+        self._options = dict(options)
+        self._inputs = [(v.name, [int(d) if isinstance(d, int | sympy.Integer) else d for d in v.type.shape])
+                        for v in generic.graph.inputs if v.type.shape is not None]
+        self._symbols = [(v.name, k, d.name) for v in generic.graph.inputs for k, d in enumerate(v.type.shape or ())
+                         if isinstance(d, sympy.Symbol)]
+        self._ready: dict[tuple, object] = {}
+        self._state: dict[tuple, str] = {}
+        self._lock = threading.Lock()
+
+    # ---- the guard ------------------------------------------------------------------------------
+    @property
+    def guard_symbols(self) -> list[str]:
+        """The inputs' symbolic dims a binding (and so a variant) is keyed by."""
+        return sorted({symbol for _, _, symbol in self._symbols})
+
+    def guard(self, feeds: Mapping[str, np.ndarray]) -> tuple | None:
+        """The binding ``((symbol, value), ...)`` the feeds give the inputs' symbolic dims
+        (sorted by name), or ``None`` when they give one symbol two values or miss an input
+        (the generic build then says what is wrong)."""
+        bound: dict[str, int] = {}
+        for name, dims in self._inputs:
+            shape = getattr(feeds.get(name), "shape", None)
+            if shape is None or len(shape) != len(dims) or any(
+                    isinstance(d, int) and d != n for d, n in zip(dims, shape)):
+                return None  # not this model's input: the generic build refuses it by name
+        for name, axis, symbol in self._symbols:
+            shape = feeds[name].shape
+            if bound.setdefault(symbol, int(shape[axis])) != int(shape[axis]):
+                return None
+        return tuple(sorted(bound.items()))
+
+    def run(self, feeds: Mapping[str, np.ndarray], profile: list | None = None) -> dict[str, np.ndarray]:
+        """Run on ``feeds``: the variant of their binding when it is ready, else the generic
+        build (asking for the variant the first time the binding is seen)."""
+        key = self.guard(feeds)
+        if key is not None:
+            variant = self._ready.get(key)
+            if variant is not None:
+                return variant.run(feeds, profile=profile)
+            if key not in self._state:
+                self._request(key)
+        return self.generic.run(feeds, profile=profile)
+
+    def _request(self, key: tuple) -> None:
+        with self._lock:
+            if key in self._state:
+                return
+            if len(self._state) >= MAX_VARIANTS:
+                self._state[key] = "generic (variant limit reached)"
+                return
+            self._state[key] = "building"
+        threading.Thread(target=self._build, args=(key,), daemon=True, name="egraft-variant").start()
+
+    def _build(self, key: tuple) -> None:
+        """On a thread of its own: the worker builds the variant, then it is read from the cache."""
+        import egraft
+
+        shape = {**self._shape, **dict(key)}
+        try:
+            with _ONE_BUILD:
+                _build_into_cache(self._model, shape, self._options)
+            variant = egraft.compile(self._model, shape=shape, use_cache=True, **self._options)
+            variant.threads = self.generic.threads
+        except Exception as e:  # a variant is an optimization: the generic build keeps serving
+            self._state[key] = f"failed: {type(e).__name__}: {e}"
+            return
+        self._ready[key] = variant
+        self._state[key] = "ready"
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every variant asked for so far is ready (or failed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(s == "building" for s in self._state.values()):
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            time.sleep(0.01)  # the worker builds, or the loader reads the cache
+
+    @property
+    def variants(self) -> dict[tuple, str]:
+        """Each binding seen: ``building``, ``ready``, ``failed: ...`` or ``generic (...)``."""
+        return dict(self._state)
+
+    # ---- the generic build's face ---------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return self.generic.threads
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self.generic.threads = value
+        for variant in list(self._ready.values()):
+            variant.threads = value
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name == "generic":
+            raise AttributeError(name)
+        return getattr(self.generic, name)
+
+    def __repr__(self) -> str:
+        ready = sum(s == "ready" for s in self._state.values())
+        return f"{self.generic!r}\nspecialize: auto ({ready} variant(s) ready of {len(self._state)} binding(s) seen)"
+
+
+__all__ = ["SpecializingModel", "MAX_VARIANTS", "SPECIALIZE"]

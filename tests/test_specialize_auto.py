@@ -1,0 +1,98 @@
+"""Specialization with guards (issue 15, item 3): ``egraft.compile(..., specialize="auto")``
+serves a new shape at once on the generic build, builds that shape's variant in a worker
+process (through a real compile cache in a temporary folder) and runs the variant once it
+is ready; every answer matches onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import egraft
+import egraft.specializing
+from egraft.errors import EgraftError, InputError
+
+
+def conv_model() -> onnx.ModelProto:
+    """y = Relu(Conv(x, w) + b) over x: f32[n, 8, h, w] (3x3, pad 1)."""
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.2, (16, 8, 3, 3)).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(rng.normal(0, 0.2, (16,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8, "h", "w"])
+    graph = helper.make_graph(nodes, "conv", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))  # the worker process inherits it
+    return tmp_path / "cache"
+
+
+def reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_a_new_shape_runs_generic_at_once_then_its_variant(cache):
+    model = conv_model()
+    compiled = egraft.compile(model.SerializeToString(), specialize="auto", use_cache=False)
+    assert isinstance(compiled, egraft.specializing.SpecializingModel)
+    assert compiled.guard_symbols == ["h", "n", "w"]
+    x = np.random.default_rng(0).normal(0, 1, (1, 8, 12, 20)).astype(np.float32)
+    want = reference(model, x)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)  # the generic build
+    key = (("h", 12), ("n", 1), ("w", 20))
+    assert compiled.variants[key] in ("building", "ready")
+    compiled.wait(timeout=300)
+    assert compiled.variants == {key: "ready"}
+    variant = compiled._ready[key]
+    assert variant.cache_hit  # built by the worker process, read back from the cache here
+    assert [d for d in variant.graph.inputs[0].type.shape] == [1, 8, 12, 20]  # static: the shape's own build
+    profile: list = []
+    np.testing.assert_allclose(compiled.run({"x": x}, profile=profile)["y"], want, rtol=1e-4, atol=1e-5)
+    assert {p.op for p in profile} <= {s.node.op for s in variant.steps}
+    assert list(cache.glob("compiled/*.json")), "the variant went through the compile cache"
+    # another shape: the generic build again, correct, while its own variant builds
+    x2 = np.random.default_rng(1).normal(0, 1, (2, 8, 5, 7)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run({"x": x2})["y"], reference(model, x2), rtol=1e-4, atol=1e-5)
+    compiled.wait(timeout=300)
+    assert compiled.variants[(("h", 5), ("n", 2), ("w", 7))] == "ready"
+
+
+def test_bindings_past_the_limit_stay_generic(cache, monkeypatch):
+    monkeypatch.setattr(egraft.specializing, "MAX_VARIANTS", 1)
+    model = conv_model()
+    compiled = egraft.compile(model.SerializeToString(), specialize="auto", use_cache=False)
+    shapes = [(1, 8, 4, 4), (1, 8, 6, 3)]
+    for shape in shapes:
+        x = np.random.default_rng(sum(shape)).normal(0, 1, shape).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], reference(model, x), rtol=1e-4, atol=1e-5)
+    compiled.wait(timeout=300)
+    assert compiled.variants == {(("h", 4), ("n", 1), ("w", 4)): "ready",
+                                 (("h", 6), ("n", 1), ("w", 3)): "generic (variant limit reached)"}
+
+
+def test_wrong_inputs_are_still_refused_by_name(cache):
+    compiled = egraft.compile(conv_model().SerializeToString(), specialize="auto", use_cache=False)
+    with pytest.raises(InputError, match="x"):
+        compiled.run({"x": np.zeros((1, 3, 4, 4), np.float32)})  # 3 channels, not 8
+    with pytest.raises(InputError):
+        compiled.run({"x": np.zeros((8, 4, 4), np.float32)})  # rank 3: no binding, the generic build says why
+    assert compiled.variants == {}  # no binding: nothing to build
+
+
+def test_specialize_settings():
+    with pytest.raises(EgraftError, match="specialize='always'"):
+        egraft.compile(conv_model().SerializeToString(), specialize="always", use_cache=False)
+    graph = conv_model().graph
+    static = helper.make_model(helper.make_graph(
+        graph.node, "static", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])], graph.output,
+        graph.initializer), opset_imports=[helper.make_opsetid("", 17)])
+    compiled = egraft.compile(static.SerializeToString(), specialize="auto", use_cache=False)
+    assert not isinstance(compiled, egraft.specializing.SpecializingModel)  # no symbolic dims: nothing to specialize
