@@ -148,10 +148,10 @@ def _layer(ctx: KernelContext, kind, w_t: np.ndarray, r_t: np.ndarray, hidden: i
 
 
 def _float_dtype(ctx: KernelContext) -> np.dtype:
-    t = llvm_type(ctx.out_type(0).dtype)
-    if not is_float(t) or ctx.in_type(0).dtype != ctx.out_type(0).dtype:
+    t = llvm_type(ctx.in_type(0).dtype)  # every output has X's dtype (Y may be omitted)
+    if not is_float(t):
         raise Unsupported(f"{ctx.node.op} on {ctx.in_type(0).dtype.short} has no generated code")
-    return ctx.out_type(0).dtype.numpy
+    return ctx.in_type(0).dtype.numpy
 
 
 def _hidden(ctx: KernelContext, r_shape_hidden: int) -> int:
@@ -214,7 +214,7 @@ class _Emitter:
     def __init__(self, ctx: KernelContext, layer: Layer):
         self.ctx, self.layer = ctx, layer
         self.b = ctx.builder
-        self.t = llvm_type(ctx.out_type(0).dtype)
+        self.t = llvm_type(ctx.in_type(0).dtype)
         x_shape = ctx.shape(ctx.in_type(0))
         seq, batch = (x_shape[1], x_shape[0]) if layer.layout else (x_shape[0], x_shape[1])
         self.seq_dim, self.batch_dim, self.input_dim = seq, batch, x_shape[2]
@@ -377,7 +377,7 @@ def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
     h0 = ctx.in_ptr(5) if ctx.has_input(5) else None
     c0 = ctx.in_ptr(6) if ctx.has_input(6) and layer.kind == "LSTM" else None
     for i, what in ((5, "initial_h"), (6, "initial_c")):
-        if ctx.has_input(i) and ctx.in_type(i).dtype != ctx.out_type(0).dtype:
+        if ctx.has_input(i) and ctx.in_type(i).dtype != ctx.in_type(0).dtype:
             raise Unsupported(f"{what} of another dtype than X")
     w_t = ctx.derived_constant("w_t", layer.w_t)
     r_t = ctx.derived_constant("r_t", layer.r_t.reshape(-1))
