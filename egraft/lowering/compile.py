@@ -8,7 +8,9 @@ Each node becomes one step:
 - a **view**: Reshape, Squeeze, Unsqueeze, Flatten, Identity and Dropout (inference) of
   a contiguous tensor move no data, the output shares its input's storage;
 - a **fallback**: the op's reference kernel (numpy) runs on the arena's buffers; the
-  report names the op and why it has no generated code.
+  report names the op and why it has no generated code;
+- a **control** step: an If, Loop or Scan whose bodies are compiled sub-programs
+  (:mod:`egraft.lowering.control`).
 
 All kernels are linked into one module, optimized at -O3 for the host CPU and compiled
 once; the object code is cached on disk by the module's content (see
@@ -35,6 +37,7 @@ from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.kernels.cpu import find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
+from egraft.lowering.control import is_control, lower_bodies
 from egraft.lowering.memory import BufferSpec
 
 #: Ops whose output is its input's storage, reshaped.
@@ -50,7 +53,7 @@ SIZED_BY_INPUT_VALUES = {"Range", "Expand", "ConstantOfShape", "Slice", "Tile"}
 
 @dataclass(frozen=True)
 class Step:
-    """One node of the schedule: ``kind`` is ``kernel``, ``view`` or ``fallback``;
+    """One node of the schedule: ``kind`` is ``kernel``, ``view``, ``fallback`` or ``control``;
     ``function`` names a kernel's LLVM function; ``reason`` says why a node fell back."""
 
     index: int
@@ -88,6 +91,9 @@ class Lowered:
     #: how each packed derived constant was made from which constant (by table slot name,
     #: :class:`~egraft.kernels.cpu.emit.PackedFrom`, from ``KernelContext.packed_from``)
     packed_from: dict = field(default_factory=dict)
+    #: the lowered bodies of each ``control`` step (If, Loop, Scan), by step index and
+    #: attribute name (see :mod:`egraft.lowering.control`)
+    bodies: dict = field(default_factory=dict)
 
 
 def _is_view(graph: Graph, node: Node) -> bool:
@@ -171,11 +177,20 @@ def lower(graph: Graph) -> Lowered:
     derived: dict = {}
     packed_from: dict = {}
     runtime_constants: set[str] = set()
+    bodies: dict[int, dict[str, Lowered]] = {}
     output_names = {v.name for v in graph.outputs}
     storage: dict[str, str] = {}
     sharing = _StorageGroups(graph)
     input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     for index, node in enumerate(graph.nodes):
+        if is_control(node):  # its bodies become compiled sub-programs (even when its output rank is unknown)
+            try:
+                bodies[index] = lower_bodies(node, lower)
+            except Unsupported as e:
+                steps.append(Step(index, node, "fallback", reason=str(e)))
+            else:
+                steps.append(Step(index, node, "control"))
+            continue
         unranked = [v for v in (*node.inputs, *node.outputs) if v is not None and v.type.shape is None]
         if unranked:  # an If whose branches differ in rank: only the run knows
             steps.append(Step(index, node, "fallback", reason=f"the rank of %{unranked[0].name} is known only at "
@@ -226,7 +241,7 @@ def lower(graph: Graph) -> Lowered:
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
     for step in steps:
-        if step.kind == "fallback":
+        if step.kind in ("fallback", "control"):
             runtime_constants.update(v.name for v in step.node.inputs if v is not None and v.const is not None)
     if trace.enabled("lower"):
         for step in steps:
@@ -235,7 +250,7 @@ def lower(graph: Graph) -> Lowered:
             trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
-                   {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from)
+                   {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from, bodies)
 
 
 def _dims_learned_by(node: Node, input_symbols: set[str]) -> list[str]:
@@ -370,8 +385,10 @@ def compile_lowered(lowered: Lowered, use_cache: bool = True):
         library()  # the kernels call egraft_sgemm: compile (or load) it and register its symbol first
     jit = JitModule(lowered.module_text, use_cache=use_cache) if any(s.kind == "kernel" for s in lowered.steps) \
         else None
+    bodies = {index: {attr: compile_lowered(sub, use_cache) for attr, sub in subs.items()}
+              for index, subs in lowered.bodies.items()}
     lowered.seconds["llvm"] = time.perf_counter() - start
-    return CompiledModel(lowered, jit)
+    return CompiledModel(lowered, jit, bodies)
 
 
 def compile_graph(graph: Graph, use_cache: bool = True):

@@ -44,6 +44,7 @@ from egraft.kernels.cpu.llvm import JitModule
 from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
 from egraft.kernels.cpu.workers import NativeWorkers
 from egraft.lowering.compile import Lowered
+from egraft.lowering.control import ControlBodies, empty_like_type
 from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
 
 _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -111,7 +112,9 @@ class CompileReport:
     Attributes:
         kernels: nodes that run generated code.
         views: nodes that move no data.
-        fallbacks: (node label, op, reason) of the nodes on reference kernels.
+        fallbacks: (node label, op, reason) of the nodes on reference kernels, those of the
+            control steps' bodies included (``If 'x' / then_branch: Foo 'n3'``).
+        controls: If, Loop and Scan nodes whose bodies run as compiled sub-programs.
         peak_bytes / no_reuse_bytes: the arena with buffer reuse, and without, at the
             dims the report was made for (``bindings``).
         seconds: time per stage (``lower``, ``llvm``...).
@@ -128,6 +131,7 @@ class CompileReport:
     seconds: dict[str, float]
     cached: bool
     cache_hit: bool = False
+    controls: int = 0
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
@@ -149,7 +153,7 @@ class CompiledModel:
         input_names / output_names: as the graph declares them.
     """
 
-    def __init__(self, lowered: Lowered, jit: JitModule | None):
+    def __init__(self, lowered: Lowered, jit: JitModule | None, bodies: Mapping[int, Mapping] | None = None):
         self._lowered = lowered
         self._jit = jit
         self.graph = lowered.graph
@@ -188,7 +192,10 @@ class CompiledModel:
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
         #: the registry entry of every fallback step, resolved once
         self._fallback_ops = {step.index: resolve_op(step.node, self._opsets[step.index])
-                              for step in lowered.steps if step.kind == "fallback"}
+                              for step in lowered.steps if step.kind in ("fallback", "control")}
+        #: the compiled bodies of each control step (If, Loop, Scan), by step index
+        self._bodies = {step.index: ControlBodies(step.node, (bodies or {})[step.index])
+                        for step in lowered.steps if step.kind == "control"}
         #: True when :func:`egraft.compile` read this model from its cache.
         self.cache_hit = False
 
@@ -196,6 +203,13 @@ class CompiledModel:
     @property
     def steps(self):
         return list(self._lowered.steps)
+
+    def bodies(self) -> dict[str, CompiledModel]:
+        """The compiled bodies of the control steps (If, Loop, Scan), named by node and
+        attribute: ``{"Loop 'loop' / body": CompiledModel(...)}``; nested bodies are the
+        bodies' own ``bodies()``."""
+        return {f"{self._lowered.steps[index].node.label} / {attr}": body
+                for index, control in sorted(self._bodies.items()) for attr, body in control.compiled.items()}
 
     def memory_plan(self, bindings: Mapping[str, int] | None = None) -> MemoryPlan:
         """The arena layout at ``bindings`` (every symbolic dim of the graph's buffers)."""
@@ -220,9 +234,17 @@ class CompiledModel:
             peak, no_reuse = plan.peak, plan.no_reuse
         except ValueError:
             peak = no_reuse = None
+        fallbacks = []
+        for s in steps:
+            if s.kind == "fallback":
+                fallbacks.append((s.node.label, s.node.op, s.reason))
+            elif s.kind == "control":  # a body's own fallbacks, named by the node and the body
+                for attr, body in self._bodies[s.index].compiled.items():
+                    fallbacks.extend((f"{s.node.label} / {attr}: {label}", op, reason)
+                                     for label, op, reason in body.report(bindings).fallbacks)
         return CompileReport(
             kernels=sum(s.kind == "kernel" for s in steps), views=sum(s.kind == "view" for s in steps),
-            fallbacks=[(s.node.label, s.node.op, s.reason) for s in steps if s.kind == "fallback"],
+            fallbacks=fallbacks, controls=sum(s.kind == "control" for s in steps),
             peak_bytes=peak, no_reuse_bytes=no_reuse, bindings=bindings, seconds=dict(self._lowered.seconds),
             cached=bool(self._jit and self._jit.cached), cache_hit=self.cache_hit)
 
@@ -240,12 +262,14 @@ class CompiledModel:
         steps = self._lowered.steps
         fallbacks = sorted({s.node.op for s in steps if s.kind == "fallback"})
         count = sum(s.kind == "fallback" for s in steps)
+        controls = sum(s.kind == "control" for s in steps)
         lines = [
             f"inputs: {', '.join(f'{v.name}: {v.type}' for v in self.graph.inputs) or '(none)'}",
             f"outputs: {', '.join(f'{v.name}: {v.type}' for v in self.graph.outputs)}",
             f"symbolic dims: {', '.join(self._lowered.symbols) or 'none (all dims static)'}",
             f"steps: {sum(s.kind == 'kernel' for s in steps)} kernels, {sum(s.kind == 'view' for s in steps)} views, "
-            f"{count} on reference kernels" + (f" ({', '.join(fallbacks)})" if fallbacks else ""),
+            f"{count} on reference kernels" + (f" ({', '.join(fallbacks)})" if fallbacks else "")
+            + (f", {controls} with compiled bodies" if controls else ""),
             f"threads: {self.threads}",
         ]
         return f"CompiledModel({self.graph.name or 'graph'},\n  " + ",\n  ".join(lines) + ")"
@@ -258,8 +282,29 @@ class CompiledModel:
 
         ``profile``, when given, receives one :class:`StepTiming` per step (start and end
         in ``time.perf_counter_ns`` units)."""
-        lowered = self._lowered
         arrays, bindings = check_feeds(self.graph, feeds)
+        return self._execute(arrays, bindings, profile)
+
+    def run_body(self, feeds: Mapping[str, np.ndarray], outer: Mapping[str, int]) -> dict[str, np.ndarray]:
+        """Run as the body of a control step: ``feeds`` by input name (the body's inputs
+        and the outer values it captures; extra names are ignored), ``outer`` the dims the
+        enclosing graph has bound (a captured value's dims may be expressions of them)."""
+        bindings = Bindings({s: outer[s] for s in self._lowered.symbols if s in outer})
+        arrays = {}
+        for v in self.graph.inputs:
+            array = np.asarray(feeds[v.name])
+            if array.dtype != v.type.dtype.numpy:
+                raise ExecutionError(f"{self.graph.name}: input {v.name!r} has dtype {array.dtype}, "
+                                     f"expected {v.type}")
+            problem = bindings.unify(v.type, array, f"{self.graph.name}: input {v.name!r}", strict=False)
+            if problem:
+                raise ExecutionError(problem)
+            arrays[v.name] = array
+        return self._execute(arrays, bindings, None)
+
+    def _execute(self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int],
+                 profile: list | None) -> dict[str, np.ndarray]:
+        lowered = self._lowered
         symbols = lowered.symbols
         dims = np.array([bindings.get(s, UNBOUND) for s in symbols], np.int64)
         bound = {s: int(v) for s, v in zip(symbols, dims) if v != UNBOUND}  # 0 is a dim: an empty batch
@@ -469,6 +514,9 @@ class CompiledModel:
         def run_subgraph(sub, sub_feeds):
             return run_graph(sub, sub_feeds, outer=env)
 
+        if step.kind == "control":  # the bodies run as their compiled sub-programs
+            run_subgraph = self._bodies[step.index].runner(bound)
+
         ctx = RunContext(node, op, opset, run_subgraph=run_subgraph)
         try:
             with np.errstate(all="ignore"):
@@ -482,6 +530,8 @@ class CompiledModel:
             if v is None:
                 continue
             result = np.asarray(results[i], dtype=v.type.dtype.numpy)
+            if step.kind == "control" and result.size == 0:  # an empty stack: the dims the type knows
+                result = empty_like_type(result, v.type, bound)
             problem = checker.unify(v.type, result, f"{node.label}: output {i}", strict=False)
             if problem:
                 raise ExecutionError(problem)

@@ -1,0 +1,129 @@
+"""Control flow compiled: If, Loop and Scan nodes whose bodies run as compiled sub-programs.
+
+Lowering turns each body of a control-flow node (If's ``then_branch`` and
+``else_branch``, Loop's and Scan's ``body``) into a graph of its own
+(:func:`body_graph`): its inputs are the body's inputs followed by the outer values it
+captures, which become explicit inputs. That graph is lowered like any other (its own
+kernels, views, fallbacks and memory plan; nested If/Loop/Scan nodes recursively) and
+compiled once. The node becomes one ``control`` step.
+
+At run time the step runs the op's reference compute (:mod:`egraft.ir.ops.control`), so
+the ONNX semantics are the reference's own (the condition, ``M`` and ``cond`` of a Loop,
+``v_initial``, Scan's axes and directions, opset-8 Scan): the condition and the trip count
+are read in Python, and each run of a body is a call of its compiled sub-program
+(:class:`ControlBodies`). A sub-program keeps its arena between calls, so the iterations
+of a Loop or Scan reuse one arena; loop-carried values are the previous iteration's
+outputs, passed on without a copy.
+
+A body that cannot be lowered makes the node a fallback (the interpreter runs the body)
+with the reason; a body's own fallbacks are listed in the model's report, named
+``If 'x' / then_branch: Foo 'n3'``.
+
+Example:
+    >>> compiled = egraft.compile(model_with_a_loop)                 # doctest: +SKIP
+    >>> [s.kind for s in compiled.steps]                            # doctest: +SKIP
+    ['kernel', 'control', 'kernel']
+    >>> compiled.bodies()["Loop 'loop' / body"].report().fallbacks  # doctest: +SKIP
+    []
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from egraft.errors import EgraftError, ExecutionError
+from egraft.ir.dims import evaluate_dim
+from egraft.ir.graph import Graph, Node
+from egraft.ir.types import TensorType
+from egraft.kernels.cpu.emit import Unsupported
+
+#: Ops whose bodies are compiled into sub-programs.
+CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+def is_control(node: Node) -> bool:
+    """True for an If, Loop or Scan node (of the default domain) with graph attributes."""
+    return node.op in CONTROL_OPS and node.domain in ("", "ai.onnx") and \
+        any(isinstance(a, Graph) for a in node.attrs.values())
+
+
+def node_bodies(node: Node) -> list[tuple[str, Graph]]:
+    """(attribute name, body) of each body of ``node``, by attribute name."""
+    return [(name, body) for name, body in sorted(node.attrs.items()) if isinstance(body, Graph)]
+
+
+def body_graph(node: Node, attr: str, body: Graph) -> Graph:
+    """``body`` as a standalone graph: inputs are the body's own inputs, then the outer
+    values it captures (by the body's names for them, with the types the body saw).
+
+    Example: a Loop body ``(i, cond, acc) -> (cond, acc + x)`` that reads the outer ``x``
+    becomes the graph ``(i, cond, acc, x) -> (cond, acc + x)``.
+    """
+    own = {v.name for v in body.inputs}
+    captures = [v for v in body.captures() if v.name not in own]
+    return Graph(name=f"{node.label} / {attr}", inputs=[*body.inputs, *captures], outputs=list(body.outputs),
+                 nodes=list(body.nodes), constants=body.constants, opsets=dict(body.opsets),
+                 known_values=dict(body.known_values), doc=body.doc)
+
+
+def lower_bodies(node: Node, lower: Callable[[Graph], object]) -> dict[str, object]:
+    """Each body of ``node`` lowered by ``lower`` (the lowering of a whole graph), by
+    attribute name. Raises :class:`Unsupported` naming the body when one cannot be lowered."""
+    lowered = {}
+    for attr, body in node_bodies(node):
+        try:
+            lowered[attr] = lower(body_graph(node, attr, body))
+        except Unsupported:
+            raise
+        except EgraftError as e:
+            raise Unsupported(f"its {attr} cannot be compiled: {e}") from None
+    return lowered
+
+
+class ControlBodies:
+    """The compiled bodies of one control-flow node, called by the op's reference compute
+    through ``RunContext.run_subgraph``: each call runs the compiled sub-program of the
+    body it is given (the same graph object as in the node's attributes).
+
+    Args:
+        node: the If/Loop/Scan node.
+        compiled: attribute name -> the body's :class:`~egraft.lowering.runtime.CompiledModel`.
+    """
+
+    def __init__(self, node: Node, compiled: Mapping[str, object]):
+        self.node = node
+        self.compiled = dict(compiled)
+        self._by_body = {id(body): self.compiled[attr] for attr, body in node_bodies(node)}
+
+    def runner(self, bound: Mapping[str, int]) -> Callable[[Graph, Mapping[str, np.ndarray]], dict]:
+        """The ``run_subgraph`` of one run of the node: the outer graph's bound dims are
+        given to the bodies (a captured value's dims may be expressions of them)."""
+
+        def run_subgraph(body: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            program = self._by_body.get(id(body))
+            if program is None:
+                raise ExecutionError(f"{self.node.label}: a body that was not compiled was called")
+            return program.run_body(feeds, bound)
+
+        return run_subgraph
+
+
+def empty_like_type(result: np.ndarray, ttype: TensorType, bound: Mapping[str, int]) -> np.ndarray:
+    """An empty ``result`` (a Loop or Scan that ran no iteration stacks nothing: the
+    reference gives 0 for the dims it cannot know) reshaped to the dims that ``ttype``
+    gives under ``bound``; the dims it leaves unbound keep ``result``'s.
+
+    Example: zero iterations of a scan output ``f32[_d0, n]`` with n=3: ``f32[0, 0]`` -> ``f32[0, 3]``.
+    """
+    if ttype.shape is None or len(ttype.shape) != result.ndim:
+        return result
+    shape = []
+    for d, n in zip(ttype.shape, result.shape):
+        value = evaluate_dim(d, bound)
+        shape.append(int(value) if isinstance(value, int) or getattr(value, "is_Integer", False) else n)
+    return np.zeros(shape, result.dtype) if 0 in shape else result
+
+
+__all__ = ["CONTROL_OPS", "ControlBodies", "body_graph", "empty_like_type", "is_control", "lower_bodies", "node_bodies"]

@@ -1,0 +1,294 @@
+"""Control flow compiled (issue 15, item 4): the bodies of If, Loop and Scan nodes run as
+compiled sub-programs (egraft/lowering/control.py), with the outer values they capture
+as explicit inputs; the node is one ``control`` step, not a fallback. Each model is built
+with symbolic dims and compared with onnxruntime at several sizes from one build."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import egraft
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def _model(nodes, name, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _assert_bodies_compiled(compiled, controls: int) -> None:
+    """Every control-flow node is a control step, and every node of every body (nested
+    ones too) runs generated code or is a view: nothing falls back."""
+    report = compiled.report()
+    assert report.controls == controls, [(s.node.label, s.kind, s.reason) for s in compiled.steps]
+    assert report.fallbacks == [], report.fallbacks
+    assert not [s for s in compiled.steps if s.kind == "fallback"]
+    for name, body in compiled.bodies().items():
+        kinds = {s.kind for s in body.steps}
+        assert kinds <= {"kernel", "view", "control"}, (name, kinds)
+        assert "kernel" in kinds or "control" in kinds, (name, [(s.node.label, s.kind) for s in body.steps])
+        _assert_bodies_compiled(body, sum(s.kind == "control" for s in body.steps))
+
+
+# ---- If ---------------------------------------------------------------------------------------
+def if_with_captures() -> onnx.ModelProto:
+    """y = If(sum(x) > 0) then tanh(x * w) + b else (x - b) * (x - b), where x: f32[n, 8]
+    and the branches read x, w and the outer value b (captures); z = y * 2 after the If."""
+    then_branch = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["xw"]), helper.make_node("Tanh", ["xw"], ["t"]),
+         helper.make_node("Add", ["t", "b"], ["then_out"])],
+        "then", [], [helper.make_tensor_value_info("then_out", F, ["n", 8])])
+    else_branch = helper.make_graph(
+        [helper.make_node("Sub", ["x", "b"], ["d"]), helper.make_node("Mul", ["d", "d"], ["else_out"])],
+        "else", [], [helper.make_tensor_value_info("else_out", F, ["n", 8])])
+    nodes = [
+        helper.make_node("Exp", ["bias"], ["b"]),  # a computed outer value the branches capture
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["c"]),
+        helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Mul", ["y", "two"], ["z"]),
+    ]
+    inits = [helper.make_tensor("w", F, [8], np.linspace(-1, 1, 8).tolist()),
+             helper.make_tensor("zero", F, [], [0.0]), helper.make_tensor("two", F, [], [2.0])]
+    return _model(nodes, "if_captures",
+                  [helper.make_tensor_value_info("x", F, ["n", 8]), helper.make_tensor_value_info("bias", F, [8])],
+                  [helper.make_tensor_value_info("z", F, ["n", 8])], inits)
+
+
+@pytest.fixture(scope="module")
+def compiled_if():
+    model = if_with_captures()
+    return model, egraft.compile(model.SerializeToString(), use_cache=False)
+
+
+def test_if_branches_are_compiled_sub_programs(compiled_if):
+    _, compiled = compiled_if
+    kinds = {s.node.op: s.kind for s in compiled.steps}
+    assert kinds["If"] == "control"
+    _assert_bodies_compiled(compiled, 1)
+    then_body = compiled.bodies()[next(k for k in compiled.bodies() if k.endswith("then_branch"))]
+    # the captured outer values are explicit inputs of the branch's program
+    assert {"x", "w", "b"} >= set(then_body.input_names) - {"xw", "t"} and "b" in then_body.input_names
+    assert "with compiled bodies" in repr(compiled)
+
+
+@pytest.mark.parametrize("n", [1, 3, 17])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_if_matches_onnxruntime_at_every_size(compiled_if, n, sign):
+    model, compiled = compiled_if
+    rng = np.random.default_rng(n)
+    x = (np.abs(rng.normal(0, 1, (n, 8))) * sign).astype(np.float32)  # the sign picks the branch
+    bias = rng.normal(0, 0.5, 8).astype(np.float32)
+    (want,) = _ort(model, {"x": x, "bias": bias})
+    got = compiled.run({"x": x, "bias": bias})["z"]
+    assert got.shape == want.shape == (n, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def if_with_different_ranks() -> onnx.ModelProto:
+    """y = If(c) then Squeeze(x, 0) else Relu(x), x: f32[1, n]: the output's rank is known
+    only at run time; the branches still compile, and the If runs as a control step."""
+    then_branch = helper.make_graph([helper.make_node("Squeeze", ["x", "axis0"], ["sq"])], "then", [],
+                                    [helper.make_tensor_value_info("sq", F, ["n"])])
+    else_branch = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "else", [],
+                                    [helper.make_tensor_value_info("r", F, [1, "n"])])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_branch, else_branch=else_branch)]
+    return _model(nodes, "if_ranks", [helper.make_tensor_value_info("x", F, [1, "n"]),
+                                      helper.make_tensor_value_info("c", B, [])],
+                  [helper.make_tensor_value_info("y", F, None)],
+                  [helper.make_tensor("axis0", I64, [1], [0])])
+
+
+def test_if_whose_branches_differ_in_rank():
+    model = if_with_different_ranks()
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    assert [s.kind for s in compiled.steps] == ["control"]
+    _assert_bodies_compiled(compiled, 1)
+    for n in (2, 5):
+        x = np.random.default_rng(n).normal(0, 1, (1, n)).astype(np.float32)
+        for c in (True, False):
+            (want,) = _ort(model, {"x": x, "c": np.array(c)})
+            got = compiled.run({"x": x, "c": np.array(c)})["y"]
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# ---- Loop -------------------------------------------------------------------------------------
+def loop_with_nested_if() -> onnx.ModelProto:
+    """A Loop over at most M iterations while acc's sum stays under a limit: acc (f32[n])
+    is carried, acc = acc * 0.9 + x + i (x captured from outside), a nested If adds
+    acc or subtracts it depending on the iteration's parity; the scan output stacks each
+    iteration's acc * w (w captured)."""
+    odd_then = helper.make_graph([helper.make_node("Add", ["next", "x"], ["odd_out"])], "odd", [],
+                                 [helper.make_tensor_value_info("odd_out", F, ["n"])])
+    odd_else = helper.make_graph([helper.make_node("Sub", ["next", "x"], ["even_out"])], "even", [],
+                                 [helper.make_tensor_value_info("even_out", F, ["n"])])
+    body = helper.make_graph(
+        [
+            helper.make_node("Mul", ["acc_in", "decay"], ["scaled"]),
+            helper.make_node("Cast", ["i"], ["i_f"], to=F),
+            helper.make_node("Add", ["scaled", "i_f"], ["next"]),
+            helper.make_node("Mod", ["i", "two_i"], ["parity"]),
+            helper.make_node("Equal", ["parity", "one_i"], ["odd"]),
+            helper.make_node("If", ["odd"], ["acc_out"], then_branch=odd_then, else_branch=odd_else),
+            helper.make_node("Mul", ["acc_out", "w"], ["scan_out"]),
+            helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+            helper.make_node("Less", ["total", "limit"], ["cond_out"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", B, []),
+         helper.make_tensor_value_info("acc_in", F, ["n"])],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("acc_out", F, ["n"]),
+         helper.make_tensor_value_info("scan_out", F, ["n"])],
+        initializer=[helper.make_tensor("decay", F, [], [0.9]), helper.make_tensor("two_i", I64, [], [2]),
+                     helper.make_tensor("one_i", I64, [], [1])])
+    nodes = [
+        helper.make_node("Neg", ["x0"], ["x"]),
+        helper.make_node("Loop", ["M", "cond", "acc0"], ["acc", "scans"], body=body),
+        helper.make_node("Abs", ["acc"], ["y"]),
+    ]
+    return _model(nodes, "loop_nested_if",
+                  [helper.make_tensor_value_info("x0", F, ["n"]), helper.make_tensor_value_info("acc0", F, ["n"]),
+                   helper.make_tensor_value_info("w", F, ["n"]), helper.make_tensor_value_info("M", I64, []),
+                   helper.make_tensor_value_info("cond", B, []), helper.make_tensor_value_info("limit", F, [])],
+                  [helper.make_tensor_value_info("y", F, ["n"]), helper.make_tensor_value_info("scans", F, None)])
+
+
+@pytest.fixture(scope="module")
+def compiled_loop():
+    model = loop_with_nested_if()
+    return model, egraft.compile(model.SerializeToString(), use_cache=False)
+
+
+def test_loop_body_and_nested_if_are_compiled(compiled_loop):
+    _, compiled = compiled_loop
+    assert {s.node.op: s.kind for s in compiled.steps}["Loop"] == "control"
+    _assert_bodies_compiled(compiled, 1)
+    (body,) = compiled.bodies().values()
+    assert [s.kind for s in body.steps if s.node.op == "If"] == ["control"]  # the nested If
+    assert set(body.input_names) >= {"i", "cond_in", "acc_in", "x", "w", "limit"}
+
+
+@pytest.mark.parametrize("n, trips, limit", [(1, 0, 1e9), (4, 5, 1e9), (9, 7, 1e9), (6, 20, 40.0), (3, 4, -1e9)])
+def test_loop_matches_onnxruntime(compiled_loop, n, trips, limit):
+    """Zero trips (the initial values come out, the scan output is empty), a for loop that
+    runs to M, a loop that the condition stops early, and one whose first condition is false."""
+    model, compiled = compiled_loop
+    rng = np.random.default_rng(n * 31 + trips)
+    feeds = {"x0": rng.normal(0, 1, n).astype(np.float32), "acc0": rng.normal(0, 1, n).astype(np.float32),
+             "w": rng.normal(0, 1, n).astype(np.float32), "M": np.array(trips, np.int64),
+             "cond": np.array(limit > 0), "limit": np.array(limit, np.float32)}
+    want_y, want_scans = _ort(model, feeds)
+    got = compiled.run(feeds)
+    if want_scans.size == 0:  # no iteration: onnxruntime stacks nothing as [0, 0]; the output's type is [0, n]
+        assert got["scans"].shape == (0, n)
+    else:
+        assert got["scans"].shape == want_scans.shape
+    assert got["y"].shape == want_y.shape
+    np.testing.assert_allclose(got["y"], want_y, rtol=1e-5, atol=1e-5)
+    if want_scans.size:
+        np.testing.assert_allclose(got["scans"], want_scans, rtol=1e-5, atol=1e-5)
+
+
+# ---- Scan -------------------------------------------------------------------------------------
+def scan_model() -> onnx.ModelProto:
+    """A Scan over xs: f32[batch, seq, 4] along axis 1, backwards: state h (f32[batch, 4]) is
+    h = tanh(h @ u + x_t + b) with u, b read from outside (b computed: a capture); the scan
+    output h * 2 is stacked along axis 1 (scan_output_axes), forwards."""
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["h_in", "u"], ["hu"]),
+            helper.make_node("Add", ["hu", "x_t"], ["pre"]),
+            helper.make_node("Add", ["pre", "b"], ["pre_b"]),
+            helper.make_node("Tanh", ["pre_b"], ["h_out"]),
+            helper.make_node("Add", ["h_out", "h_out"], ["y_t"]),
+        ],
+        "step",
+        [helper.make_tensor_value_info("h_in", F, ["batch", 4]), helper.make_tensor_value_info("x_t", F, ["batch", 4])],
+        [helper.make_tensor_value_info("h_out", F, ["batch", 4]),
+         helper.make_tensor_value_info("y_t", F, ["batch", 4])])
+    nodes = [
+        helper.make_node("Sigmoid", ["b0"], ["b"]),
+        helper.make_node("Scan", ["h0", "xs"], ["h", "ys"], body=body, num_scan_inputs=1, scan_input_axes=[1],
+                         scan_input_directions=[1], scan_output_axes=[1]),
+    ]
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor("u", F, [4, 4], rng.normal(0, 0.5, 16).tolist())]
+    return _model(nodes, "scan", [helper.make_tensor_value_info("h0", F, ["batch", 4]),
+                                  helper.make_tensor_value_info("xs", F, ["batch", "seq", 4]),
+                                  helper.make_tensor_value_info("b0", F, [4])],
+                  [helper.make_tensor_value_info("h", F, ["batch", 4]),
+                   helper.make_tensor_value_info("ys", F, ["batch", "seq", 4])], inits)
+
+
+@pytest.fixture(scope="module")
+def compiled_scan():
+    model = scan_model()
+    return model, egraft.compile(model.SerializeToString(), use_cache=False)
+
+
+def test_scan_body_is_compiled(compiled_scan):
+    _, compiled = compiled_scan
+    assert {s.node.op: s.kind for s in compiled.steps}["Scan"] == "control"
+    _assert_bodies_compiled(compiled, 1)
+
+
+@pytest.mark.parametrize("batch, seq", [(1, 1), (2, 5), (3, 12)])  # seq 0 crashes onnxruntime (SIGFPE)
+def test_scan_matches_onnxruntime(compiled_scan, batch, seq):
+    model, compiled = compiled_scan
+    rng = np.random.default_rng(batch * 10 + seq)
+    feeds = {"h0": rng.normal(0, 1, (batch, 4)).astype(np.float32),
+             "xs": rng.normal(0, 1, (batch, seq, 4)).astype(np.float32),
+             "b0": rng.normal(0, 1, 4).astype(np.float32)}
+    want_h, want_ys = _ort(model, feeds)
+    got = compiled.run(feeds)
+    assert got["ys"].shape == want_ys.shape == (batch, seq, 4)
+    np.testing.assert_allclose(got["h"], want_h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["ys"], want_ys, rtol=1e-5, atol=1e-6)
+
+
+# ---- the compiled-model cache keeps the bodies ------------------------------------------------
+def test_bodies_survive_the_compile_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path))
+    model = loop_with_nested_if().SerializeToString()
+    first = egraft.compile(model)
+    second = egraft.compile(model)
+    assert second.cache_hit and not first.cache_hit
+    _assert_bodies_compiled(second, 1)
+    feeds = {"x0": np.arange(3, dtype=np.float32), "acc0": np.ones(3, np.float32), "w": np.full(3, 0.5, np.float32),
+             "M": np.array(4, np.int64), "cond": np.array(True), "limit": np.array(1e9, np.float32)}
+    np.testing.assert_array_equal(first.run(feeds)["scans"], second.run(feeds)["scans"])
+
+
+def test_a_body_that_cannot_be_compiled_falls_back_with_the_reason(monkeypatch):
+    """When lowering a body fails, the node runs on the interpreter, and the report says why."""
+    from egraft.errors import EgraftError
+    from egraft.lowering import compile as lowering
+
+    real_lower = lowering.lower
+
+    def lower(graph):
+        if graph.name.startswith("If"):
+            raise EgraftError("no luck")
+        return real_lower(graph)
+
+    monkeypatch.setattr(lowering, "lower", lower)
+    model = if_with_captures()
+    graph = egraft.load(model.SerializeToString())
+    compiled = lowering.compile_lowered(real_lower(graph), use_cache=False)
+    (fallback,) = compiled.report().fallbacks
+    assert fallback[1] == "If" and "its else_branch cannot be compiled: no luck" in fallback[2]
+    x = np.ones((2, 8), np.float32)
+    bias = np.zeros(8, np.float32)
+    (want,) = _ort(model, {"x": x, "bias": bias})
+    np.testing.assert_allclose(compiled.run({"x": x, "bias": bias})["z"], want, rtol=1e-5)
