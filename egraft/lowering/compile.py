@@ -250,7 +250,8 @@ def lower(graph: Graph) -> Lowered:
             trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
-                   {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from, bodies)
+                   {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
+                   bodies=bodies)
 
 
 def _dims_learned_by(node: Node, input_symbols: set[str]) -> list[str]:
