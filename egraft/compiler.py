@@ -27,6 +27,7 @@ from pathlib import Path
 
 from egraft.compile_cache import cache_root, clear_cache, entry_path, model_digest, read_entry, write_entry
 from egraft.errors import EgraftError, InputError
+from egraft.ir.assume import assume_graph, check_assumptions, parse_assumptions
 from egraft.ir.graph import Graph
 
 TARGETS = ("cpu",)
@@ -60,7 +61,7 @@ def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
             cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None,
-            specialize: str = "off"):
+            specialize: str = "off", assume: Sequence[str] = ()):
     """Compile ``model`` for ``target``.
 
     Args:
@@ -82,6 +83,9 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
             dims the model is called with, in the background, and run it once it is ready
             (:mod:`egraft.specializing`; variants go through the compile cache); ``"off"``:
             the one generic build serves every shape.
+        assume: shape assumptions (:mod:`egraft.ir.assume`), e.g. ``["seq <= 512",
+            "height % 32 == 0"]``: the compile may use them, every call checks them and
+            refuses dims that break one, naming it.
 
     Returns:
         A :class:`egraft.lowering.runtime.CompiledModel` (with ``specialize="auto"`` and
@@ -99,13 +103,15 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
     if isinstance(model, str | Path) and str(model).endswith(".json"):
         compiled = _compile_plan(Path(model), target, use_cache)
     else:
-        compiled = _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache)
+        compiled = _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache,
+                            assume=tuple(assume))
     if threads is not None:
         compiled.threads = threads
     is_plan = isinstance(model, str | Path) and str(model).endswith(".json")
     if specialize == "auto" and not is_plan:
         wrapped = SpecializingModel(compiled, model, dict(shape or {}), dict(
-            rules=[str(p) for p in rules], rules_off=list(rules_off), rewrite=rewrite, cost=cost, extractor=extractor))
+            rules=[str(p) for p in rules], rules_off=list(rules_off), rewrite=rewrite, cost=cost, extractor=extractor,
+            assume=list(assume)))
         if wrapped.guard_symbols:
             return wrapped
     return compiled
@@ -127,7 +133,7 @@ def _compile_plan(path: Path, target: str, use_cache: bool):
 
 
 def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, extractor: str, use_cache: bool,
-             budget=None, time_limit: float = 30.0):
+             budget=None, time_limit: float = 30.0, assume: tuple[str, ...] = ()):
     from egraft.lowering.compile import compile_lowered, lower
 
     start = time.perf_counter()
@@ -135,7 +141,7 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     bindings = dict(sorted((shape or {}).items()))
     cost_key = cost if isinstance(cost, str) else repr(cost.settings())
     settings = (repr(bindings), repr(sorted(rules_off)), repr(rewrite), cost_key, extractor, target, repr(budget),
-                repr(time_limit))
+                repr(time_limit)) + ((repr(list(assume)),) if assume else ())
     entry = entry_path(digest, settings, [Path(p).read_bytes() for p in rules])
     if use_cache:
         lowered = read_entry(entry)
@@ -154,6 +160,8 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     problem = unknown_dims_message(bindings, graph, str(model) if isinstance(model, str | Path) else "the model")
     if problem:
         raise InputError(problem)
+    assumptions = parse_assumptions(assume, graph.symbols())
+    check_assumptions(assumptions, bindings, what="bound by shape")
     if rewrite:
         from egraft.optimize import optimize
 
@@ -165,7 +173,10 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
         from egraft.ir.specialize import specialize
 
         graph = specialize(graph, bindings)
+    if assumptions:
+        graph = assume_graph(graph, assumptions)
     lowered = lower(graph)
+    lowered.assumptions = tuple(assumptions)
     seconds.update(lowered.seconds)
     lowered.seconds = seconds
     compiled = compile_lowered(lowered, use_cache=use_cache)

@@ -46,9 +46,13 @@ RulesOption = Annotated[list[Path] | None, typer.Option("--rules", help="Extra r
 RulesOffOption = Annotated[list[str] | None, typer.Option("--rules-off", help="Rule set to switch off.")]
 NoRewriteOption = Annotated[bool, typer.Option("--no-rewrite", help="Compile the model as loaded, without rules.")]
 NoCacheOption = Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the compile cache.")]
+AssumeOption = Annotated[list[str] | None, typer.Option(
+    "--assume", help="A shape assumption the build may use and every run checks, e.g. 'seq <= 512' or "
+                     "'height % 32 == 0' (repeatable).")]
 
 
-def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bool, specialize: bool = False):
+def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bool, specialize: bool = False,
+             assume: list[str] | None = None):
     """Compile ``model`` (a path, a bundled name or a plan) with a spinner; returns a
     function giving the ONNX model (parsed only when asked: the cache key reads the file's
     bytes) and the compiled model."""
@@ -65,7 +69,7 @@ def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bo
     with err_console.status("compiling: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
         compiled = egraft.compile(path, shape=parse_bindings(shape) if specialize else None,
                                   rules=[str(r) for r in rules or []], rules_off=list(rules_off or []),
-                                  rewrite=not no_rewrite, use_cache=not no_cache)
+                                  rewrite=not no_rewrite, use_cache=not no_cache, assume=list(assume or []))
     return (lambda: read_model(path)), compiled
 
 
@@ -117,6 +121,7 @@ def compile_command(
     rules_off: RulesOffOption = None,
     no_rewrite: NoRewriteOption = False,
     no_cache: NoCacheOption = False,
+    assume: AssumeOption = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the files in --output.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
@@ -133,7 +138,7 @@ def compile_command(
             for name in ("module.ll", "model.opt.onnx", "report.json"):
                 refuse_overwrite(output / name, force)
         start = time.perf_counter()
-        _, compiled = _compile(model, shape, rules, rules_off, no_rewrite, no_cache, specialize=True)
+        _, compiled = _compile(model, shape, rules, rules_off, no_rewrite, no_cache, specialize=True, assume=assume)
         seconds = time.perf_counter() - start
         report = compiled.report()
         document = {
@@ -168,6 +173,7 @@ def bench(
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 3,
     shape: ShapeOption = None,
     no_cache: NoCacheOption = False,
+    assume: AssumeOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Median latency of the compiled model and of onnxruntime on the same inputs, in one run.
@@ -181,7 +187,7 @@ def bench(
         raise fail("bench needs onnxruntime: pip install 'egraft[dev]'") from None
     try:
         feeds = _inputs_first(model, shape, quiet=as_json)
-        source, compiled = _compile(model, shape, None, None, False, no_cache)
+        source, compiled = _compile(model, shape, None, None, False, no_cache, assume=assume)
         proto = source()
         if feeds is None:
             feeds = read_inputs(compiled.graph, None, parse_bindings(shape), quiet=as_json)

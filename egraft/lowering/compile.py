@@ -91,6 +91,8 @@ class Lowered:
     #: how each packed derived constant was made from which constant (by table slot name,
     #: :class:`~egraft.kernels.cpu.emit.PackedFrom`, from ``KernelContext.packed_from``)
     packed_from: dict = field(default_factory=dict)
+    #: the shape assumptions the model was compiled with (:mod:`egraft.ir.assume`), checked on every call
+    assumptions: tuple = ()
     #: the lowered bodies of each ``control`` step (If, Loop, Scan), by step index and
     #: attribute name (see :mod:`egraft.lowering.control`)
     bodies: dict = field(default_factory=dict)

@@ -33,6 +33,7 @@ from functools import cache
 import numpy as np
 
 from egraft.errors import EgraftError, ExecutionError
+from egraft.ir.assume import check_assumptions
 from egraft.ir.dims import evaluate_dim
 from egraft.ir.graph import Value
 from egraft.ir.infer import node_opset, resolve_op
@@ -283,6 +284,8 @@ class CompiledModel:
         ``profile``, when given, receives one :class:`StepTiming` per step (start and end
         in ``time.perf_counter_ns`` units)."""
         arrays, bindings = check_feeds(self.graph, feeds)
+        if self._lowered.assumptions:  # refused naming the assumption; adds the quotient dims (h_q32)
+            bindings = check_assumptions(self._lowered.assumptions, bindings)
         return self._execute(arrays, bindings, profile)
 
     def run_body(self, feeds: Mapping[str, np.ndarray], outer: Mapping[str, int]) -> dict[str, np.ndarray]:
