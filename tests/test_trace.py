@@ -80,4 +80,24 @@ def test_lower_prints_every_step_as_the_compiled_model_reports_it(tmp_path, monk
     expected = [", ".join(f"%{v.name}" for v in s.node.outputs if v is not None) + f" = {s.node.label} -> {s.kind}"
                 + (f": {s.reason}" if s.kind == "fallback" else "") for s in compiled.steps]
     assert lines == expected
-    assert "unknown category nonsense; known: shapes, rules, lower, all" in done.stderr
+    assert "unknown category nonsense; known: shapes, rules, extract, lower, all" in done.stderr
+
+
+def test_extract_prints_each_choice_cheaper_than_its_alternatives():
+    done = run(["optimize", "squeezenet", "--json"], "extract")
+    assert done.returncode == 0, done.stderr
+    lines = events(done.stderr, "extract")
+    choices = [line for line in lines if line.startswith("e-class")]
+    assert choices and lines[-1].startswith("greedy (heuristic): program cost")
+    assert lines[-1].endswith(f"{len(choices)} e-class(es) with a choice")
+    total = float(re.search(r"program cost (\S+),", lines[-1]).group(1))
+    assert abs(total - json.loads(done.stdout)["cost"]["total"]) <= 1e-5 * total
+    fused = 0
+    for line in choices:
+        match = re.match(r"e-class e\d+: (\S+)\(.*?\) (\S+) \(own (\S+)\) over (.*)$", line)
+        assert match, line
+        chosen, cost = match.group(1), float(match.group(2))
+        alternatives = [float(c) for c in re.findall(r"\) (\S+)(?:,|$)", match.group(4)) if c != "-"]
+        assert all(cost <= alt for alt in alternatives), line  # greedy keeps the cheapest it priced
+        fused += chosen.startswith("com.egraft::")
+    assert fused >= 10  # squeezenet's convolutions take fused and blocked forms over Conv + Relu

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+from egraft import trace
 from egraft.errors import EgraftError
 from egraft.extract.cost import CostModel
 from egraft.extract.greedy import extract_greedy
@@ -24,6 +25,8 @@ def extract(snapshot: Snapshot, model: CostModel, extractor: str = "greedy", roo
         raise EgraftError(f"--extractor {extractor}: unknown extractor; known: {', '.join(EXTRACTORS)}")
     roots = [c for c, _, _ in rebuild_outputs(snapshot)] if roots is None else roots
     greedy = extract_greedy(snapshot, model, roots)
-    if extractor == "greedy":
-        return greedy
-    return extract_ilp(snapshot, model, roots, time_limit=time_limit, greedy=greedy)
+    chosen = greedy if extractor == "greedy" else extract_ilp(snapshot, model, roots, time_limit=time_limit,
+                                                               greedy=greedy)
+    if trace.enabled("extract"):
+        trace.trace_extraction(snapshot, chosen, roots)
+    return chosen
