@@ -292,3 +292,87 @@ def test_a_body_that_cannot_be_compiled_falls_back_with_the_reason(monkeypatch):
     bias = np.zeros(8, np.float32)
     (want,) = _ort(model, {"x": x, "bias": bias})
     np.testing.assert_allclose(compiled.run({"x": x, "bias": bias})["z"], want, rtol=1e-5)
+
+
+# ---- bodies typed again with the outer types; constants folded in bodies --------------------------
+def rank_by_length() -> onnx.ModelProto:
+    """y = Squeeze(x, 1) if x's length n is 1 else x (x: f32[1, n]): y's rank is known only
+    at run time. Then z = If(flag) with a then_branch that reads y, asks its rank (Size of
+    Shape) and makes it 2-D again by a nested If, then Tanh; else_branch: Neg(y) as one row. Bound
+    with ``shape={"n": ...}``, the conditions are known when compiling and every node is
+    typed: the nested If too, once the branch is typed again with y's type."""
+    y_then = helper.make_graph([helper.make_node("Squeeze", ["x", "axis1"], ["sq"])], "squeeze", [],
+                               [helper.make_tensor_value_info("sq", F, None)])
+    y_else = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])], "same", [],
+                               [helper.make_tensor_value_info("same", F, None)])
+    two_d = helper.make_graph([helper.make_node("Identity", ["y"], ["y2"])], "two_d", [],
+                              [helper.make_tensor_value_info("y2", F, None)])
+    one_d = helper.make_graph([helper.make_node("Unsqueeze", ["y", "axis1"], ["y1"])], "one_d", [],
+                              [helper.make_tensor_value_info("y1", F, None)])
+    z_then = helper.make_graph(
+        [helper.make_node("Shape", ["y"], ["ys"]), helper.make_node("Size", ["ys"], ["rank"]),
+         helper.make_node("Equal", ["rank", "two"], ["is2"]),
+         helper.make_node("If", ["is2"], ["w"], then_branch=two_d, else_branch=one_d),
+         helper.make_node("Tanh", ["w"], ["zt"])],
+        "z_then", [], [helper.make_tensor_value_info("zt", F, None)])
+    z_else = helper.make_graph([helper.make_node("Neg", ["y"], ["ny"]),
+                                helper.make_node("Reshape", ["ny", "row"], ["ze"])],
+                               "z_else", [], [helper.make_tensor_value_info("ze", F, None)])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["xs"]),
+        helper.make_node("Gather", ["xs", "one"], ["n"]),
+        helper.make_node("Equal", ["n", "one"], ["n_is_1"]),
+        helper.make_node("If", ["n_is_1"], ["y"], then_branch=y_then, else_branch=y_else),
+        helper.make_node("If", ["flag"], ["z"], then_branch=z_then, else_branch=z_else),
+        helper.make_node("Mul", ["z", "half"], ["out"]),
+    ]
+    inits = [helper.make_tensor("axis1", I64, [1], [1]), helper.make_tensor("one", I64, [], [1]),
+             helper.make_tensor("two", I64, [], [2]), helper.make_tensor("half", F, [], [0.5]),
+             helper.make_tensor("row", I64, [2], [1, -1])]
+    return _model(nodes, "rank_by_length", [helper.make_tensor_value_info("x", F, [1, "n"]),
+                                            helper.make_tensor_value_info("flag", B, [])],
+                  [helper.make_tensor_value_info("out", F, None)], inits)
+
+
+@pytest.mark.parametrize("n", [1, 6])
+def test_bound_dims_type_the_bodies_again(n):
+    model = rank_by_length()
+    generic = egraft.compile(model.SerializeToString(), use_cache=False)
+    assert any("known only at run time" in reason for _, _, reason in generic.report().fallbacks)  # Mul
+    bound = egraft.compile(model.SerializeToString(), use_cache=False, shape={"n": n})
+    _assert_bodies_compiled(bound, 2)
+    assert {s.node.op: s.kind for s in bound.steps}["Mul"] == "kernel"
+    x = np.random.default_rng(n).normal(0, 1, (1, n)).astype(np.float32)
+    for flag in (True, False):
+        feeds = {"x": x, "flag": np.array(flag)}
+        (want,) = _ort(model, feeds)
+        for compiled in (generic, bound):
+            got = compiled.run(feeds)["out"]
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_constant_computations_in_a_body_are_folded():
+    """A Loop body multiplies its state by Transpose(Concat(a, b)) of constants: computed once
+    when compiling (the body's program has no Transpose or Concat step)."""
+    body = helper.make_graph(
+        [helper.make_node("Concat", ["a", "b"], ["ab"], axis=0), helper.make_node("Transpose", ["ab"], ["abt"]),
+         helper.make_node("MatMul", ["h_in", "abt"], ["h_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond_in", B, []),
+                 helper.make_tensor_value_info("h_in", F, ["batch", 4])],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("h_out", F, ["batch", 4])],
+        initializer=[helper.make_tensor("a", F, [2, 4], np.linspace(-0.5, 0.5, 8).tolist()),
+                     helper.make_tensor("b", F, [2, 4], np.linspace(0.6, -0.4, 8).tolist())])
+    model = _model([helper.make_node("Loop", ["M", "", "h0"], ["h"], body=body)], "folded",
+                   [helper.make_tensor_value_info("M", I64, []), helper.make_tensor_value_info("h0", F, ["batch", 4])],
+                   [helper.make_tensor_value_info("h", F, ["batch", 4])])
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    _assert_bodies_compiled(compiled, 1)
+    (program,) = compiled.bodies().values()
+    assert not {"Concat", "Transpose"} & {s.node.op for s in program.steps}
+    for batch, trips in ((1, 3), (5, 4)):
+        feeds = {"M": np.array(trips, np.int64), "h0": np.random.default_rng(batch).normal(0, 1, (batch, 4))
+                 .astype(np.float32)}
+        (want,) = _ort(model, feeds)
+        np.testing.assert_allclose(compiled.run(feeds)["h"], want, rtol=1e-5, atol=1e-6)

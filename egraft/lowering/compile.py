@@ -187,7 +187,7 @@ def lower(graph: Graph) -> Lowered:
     for index, node in enumerate(graph.nodes):
         if is_control(node):  # its bodies become compiled sub-programs (even when its output rank is unknown)
             try:
-                bodies[index] = lower_bodies(node, lower)
+                bodies[index] = lower_bodies(node, lower, f"{graph.name}#{index}")
             except Unsupported as e:
                 steps.append(Step(index, node, "fallback", reason=str(e)))
             else:

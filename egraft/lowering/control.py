@@ -29,13 +29,16 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from egraft.errors import EgraftError, ExecutionError
 from egraft.ir.dims import evaluate_dim
-from egraft.ir.graph import Graph, Node
+from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.infer import FreshDims, infer_node
+from egraft.ir.ops.control import node_captures, onnx_input_count
 from egraft.ir.types import TensorType
 from egraft.kernels.cpu.emit import Unsupported
 
@@ -54,27 +57,112 @@ def node_bodies(node: Node) -> list[tuple[str, Graph]]:
     return [(name, body) for name, body in sorted(node.attrs.items()) if isinstance(body, Graph)]
 
 
-def body_graph(node: Node, attr: str, body: Graph) -> Graph:
+def body_graph(node: Node, attr: str, body: Graph, where: str = "") -> Graph:
     """``body`` as a standalone graph: inputs are the body's own inputs, then the outer
-    values it captures (by the body's names for them, with the types the body saw).
+    values it captures (by the body's names for them).
+
+    A captured value takes the type its outer value has now (rewriting or ``shape=``
+    bindings may have made it more precise than the type the body saw when imported: a
+    rank that was known only at run time, a static dim); the body is then re-typed by the
+    op registry, its new symbols named after ``where`` (unique per body, so that they never
+    meet the enclosing graph's).
 
     Example: a Loop body ``(i, cond, acc) -> (cond, acc + x)`` that reads the outer ``x``
     becomes the graph ``(i, cond, acc, x) -> (cond, acc + x)``.
     """
     own = {v.name for v in body.inputs}
+    first = onnx_input_count(node)
+    outer_types = {v.name: outer.type for v, outer in zip(node_captures(node), node.inputs[first:])
+                   if outer is not None}
     captures = [v for v in body.captures() if v.name not in own]
-    return Graph(name=f"{node.label} / {attr}", inputs=[*body.inputs, *captures], outputs=list(body.outputs),
-                 nodes=list(body.nodes), constants=body.constants, opsets=dict(body.opsets),
-                 known_values=dict(body.known_values), doc=body.doc)
+    retyped = [v.replace(type=outer_types.get(v.name, v.type)) for v in captures]
+    graph = Graph(name=f"{node.label} / {attr}", inputs=[*body.inputs, *captures], outputs=list(body.outputs),
+                  nodes=list(body.nodes), constants=body.constants, opsets=dict(body.opsets),
+                  known_values=dict(body.known_values), doc=body.doc)
+    if any(a.type != b.type for a, b in zip(captures, retyped)):
+        prefix = "_b" + hashlib.blake2b(f"{where} / {graph.name}".encode(), digest_size=3).hexdigest() + "_"
+        try:
+            graph = _retyped(graph, [*body.inputs, *retyped], FreshDims(prefix))
+        except EgraftError:
+            pass  # the body's own types still hold
+    return _folded(graph)
 
 
-def lower_bodies(node: Node, lower: Callable[[Graph], object]) -> dict[str, object]:
+#: A body's constant computations larger than this (elements) are left to run time.
+MAX_FOLDED_ELEMENTS = 1 << 24
+
+
+def _folded(graph: Graph) -> Graph:
+    """``graph`` with the nodes whose inputs are all constants computed now, by their
+    reference kernels, their outputs becoming constants (rewriting folds these in the
+    main graph, not in bodies: an LSTM's weights sliced and concatenated from constants).
+    The constants go into a copy of the side table."""
+    constants = dict(graph.constants)
+    out = Graph(graph.name, list(graph.inputs), [], [], constants=constants, opsets=dict(graph.opsets),
+                known_values=dict(graph.known_values), doc=graph.doc)
+    folded: dict[str, Value] = {}
+    for node in graph.nodes:
+        inputs = tuple(None if v is None else folded.get(v.name, v) for v in node.inputs)
+        node = node.replace(inputs=inputs)
+        results = _fold(out, node)
+        if results is None:
+            out.nodes.append(node)
+            continue
+        for v, array in zip(node.outputs, results):
+            if v is not None:
+                folded[v.name] = out.add_constant(np.asarray(array, v.type.dtype.numpy), v.name)
+    out.outputs = [folded.get(v.name, v) for v in graph.outputs]
+    return out
+
+
+def _fold(graph: Graph, node: Node) -> list[np.ndarray] | None:
+    """The outputs of ``node`` when every input it has is a constant and it may run now."""
+    from egraft.ir.infer import NEVER_FOLDED, node_opset
+    from egraft.ir.registry import RunContext, get_op
+
+    given = [v for v in node.inputs if v is not None]
+    op = get_op(node.op, node.domain)
+    if not given or any(v.const is None for v in given) or op is None or op.compute is None \
+            or node.op in NEVER_FOLDED or any(isinstance(a, Graph) for a in node.attrs.values()):
+        return None
+    if any(v is not None and (v.type.shape is None or not v.type.is_static
+                              or int(np.prod(v.type.shape)) > MAX_FOLDED_ELEMENTS) for v in node.outputs):
+        return None
+    args = [None if v is None else graph.constants[v.const] for v in node.inputs]
+    try:
+        with np.errstate(all="ignore"):
+            results = list(op.compute(RunContext(node, op, node_opset(graph, node)), *args))
+    except Exception:  # not computable now: it runs with the body
+        return None
+    for v, r in zip(node.outputs, results):
+        if v is not None and (r is None or tuple(np.shape(r)) != tuple(v.type.shape)):
+            return None
+    return results
+
+
+def _retyped(graph: Graph, inputs: list[Value], fresh: FreshDims) -> Graph:
+    """``graph`` with new ``inputs`` (same names) and every node re-typed by the op registry."""
+    out = Graph(graph.name, list(inputs), [], [], constants=graph.constants, opsets=dict(graph.opsets),
+                doc=graph.doc)
+    renamed: dict[str, Value] = {v.name: v for v in inputs}
+    for node in graph.nodes:
+        ins = tuple(None if v is None else renamed.get(v.name, v) for v in node.inputs)
+        types = infer_node(out, node.replace(inputs=ins), fresh)
+        outs = tuple(None if v is None else v.replace(type=t) for v, t in zip(node.outputs, types))
+        renamed.update((v.name, v) for v in outs if v is not None)
+        out.nodes.append(node.replace(inputs=ins, outputs=outs))
+    out.outputs = [renamed.get(v.name, v) for v in graph.outputs]
+    return out
+
+
+def lower_bodies(node: Node, lower: Callable[[Graph], object], where: str = "") -> dict[str, object]:
     """Each body of ``node`` lowered by ``lower`` (the lowering of a whole graph), by
-    attribute name. Raises :class:`Unsupported` naming the body when one cannot be lowered."""
+    attribute name; ``where`` names the node in its graph (see :func:`body_graph`). Raises
+    :class:`Unsupported` naming the body when one cannot be lowered."""
     lowered = {}
     for attr, body in node_bodies(node):
         try:
-            lowered[attr] = lower(body_graph(node, attr, body))
+            lowered[attr] = lower(body_graph(node, attr, body, where))
         except Unsupported:
             raise
         except EgraftError as e:

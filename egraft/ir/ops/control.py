@@ -18,6 +18,7 @@ unsupported by the importer.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -75,7 +76,19 @@ def _carried_type(ctx, initial: TensorType | None, body_in: TensorType, body_out
 
 def node_captures(node) -> list:
     """The values an If/Loop/Scan node's bodies read from outside, as the bodies name them
-    (nested bodies included; bodies in attribute-name order, each in first-read order)."""
+    (nested bodies included; bodies in attribute-name order, each in first-read order).
+    Remembered per node (a body is not changed once its node is made: a Loop's compute
+    asks on every iteration)."""
+    known = _CAPTURES.get(node)
+    if known is None:
+        known = _CAPTURES[node] = _node_captures(node)
+    return list(known)
+
+
+_CAPTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _node_captures(node) -> list:
     found: dict = {}
     for _, body in sorted(node.attrs.items()):
         if isinstance(body, Graph):
@@ -190,10 +203,40 @@ def _if_infer(ctx: InferContext) -> list[TensorType]:
     cond = ctx.value(0)
     if cond is not None and cond.dtype != object and cond.size == 1:
         chosen = then_b if bool(np.asarray(cond).reshape(-1)[0]) else else_b
-        return _without_body_local_dims(ctx, [v.type for v in chosen.outputs], [chosen])
-    merged = [_merge_types(ctx, t.type, e.type, f"output {i}")
-              for i, (t, e) in enumerate(zip(then_b.outputs, else_b.outputs))]
+        return _without_body_local_dims(ctx, _branch_types(ctx, chosen), [chosen])
+    merged = [_merge_types(ctx, t, e, f"output {i}")
+              for i, (t, e) in enumerate(zip(_branch_types(ctx, then_b), _branch_types(ctx, else_b)))]
     return _without_body_local_dims(ctx, merged, [then_b, else_b])
+
+
+def _branch_types(ctx: InferContext, body: Graph) -> list[TensorType]:
+    """The types of ``body``'s outputs when the outer values it captures have the types
+    the node's inputs have now. Rewriting and ``shape=`` bindings may have made them more
+    precise than when the body was imported (a rank known only at run time then, a static
+    dim now): the body's nodes are then typed again, which may give its outputs a rank
+    (e.g. a nested If whose condition is now known). Its own types when nothing changed,
+    or when typing it again fails."""
+    from egraft.ir.infer import infer_node
+
+    captures = node_captures(ctx.node)
+    first = len(ctx.node.inputs) - len(captures)
+    now = {v.name: ctx.types[first + j] for j, v in enumerate(captures)
+           if first + j < len(ctx.types) and ctx.types[first + j] is not None}
+    seen = body.captures()
+    if all(now.get(v.name, v.type) == v.type for v in seen):
+        return [v.type for v in body.outputs]
+    values = {v.name: v.replace(type=now.get(v.name, v.type)) for v in seen}
+    scratch = Graph(body.name, list(body.inputs), [], [], constants=body.constants, opsets=dict(body.opsets))
+    try:
+        for node in body.nodes:
+            inputs = tuple(None if v is None else values.get(v.name, v) for v in node.inputs)
+            types = infer_node(scratch, node.replace(inputs=inputs), ctx.fresh_dim)
+            outputs = tuple(None if v is None else v.replace(type=t) for v, t in zip(node.outputs, types))
+            values.update((v.name, v) for v in outputs if v is not None)
+            scratch.nodes.append(node.replace(inputs=inputs, outputs=outputs))
+    except Exception:  # typing it again is a refinement: the body's own types still hold
+        return [v.type for v in body.outputs]
+    return [values.get(v.name, v).type for v in body.outputs]
 
 
 def _if(ctx: RunContext, cond: np.ndarray, *captures) -> list[np.ndarray]:
