@@ -214,3 +214,12 @@ def test_conv_transpose_over_symbolic_spatial_dims(conv_transposes, n, h, w):
     model, compiled = conv_transposes
     x = np.random.default_rng(n * 100 + h * 10 + w).normal(0, 1, (n, 4, h, w)).astype(np.float32)
     _check(model, compiled, {"x": x}, rtol=1e-5, atol=1e-5)
+
+
+def test_expand_to_an_incompatible_computed_shape_is_refused_naming_the_node(expands):
+    _, compiled = expands
+    feeds = {"x": np.zeros((2, 1, 3), np.float32), "shape": np.array([5, 4, 3], np.int64),
+             "v": np.zeros(5, np.float32), "shape2": np.array([3, 5], np.int64)}
+    message = r"^Expand .*: shapes \[2, 1, 3\], \[5, 4, 3\] do not broadcast"
+    with pytest.raises(egraft.errors.ExecutionError, match=message):
+        compiled.run(feeds)

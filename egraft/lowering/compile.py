@@ -48,7 +48,7 @@ VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"}
 #: the runtime computes them just before the kernel runs, by the op's shape inference on the
 #: input arrays (:meth:`egraft.lowering.runtime.CompiledModel._bind_output_dims`), binds them,
 #: allocates the outputs, then calls the generated kernel (which reads the dims from ``dims``).
-SIZED_BY_INPUT_VALUES = {"Range", "Expand", "ConstantOfShape", "Slice", "Tile"}
+SIZED_BY_INPUT_VALUES = {"Range", "Expand", "ConstantOfShape", "Slice"}
 
 
 @dataclass(frozen=True)

@@ -489,7 +489,8 @@ class CompiledModel:
             inferred = (op.infer or onnx_infer)(InferContext(node, op, opset, types, values, FreshDims("_r"),
                                                              self.graph))
         except Exception as e:  # the inputs' values are not a valid call (Expand to an incompatible shape)
-            raise ExecutionError(f"{node.label}: {type(e).__name__}: {e}") from e
+            message = str(e) if isinstance(e, EgraftError) else f"{node.label}: {type(e).__name__}: {e}"
+            raise ExecutionError(message) from e
         checker = Bindings(bound)
         for i, (v, t) in enumerate(zip(node.outputs, inferred)):
             if v is None:
