@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from egraft.ir.dims import sym
+from egraft.ir.dims import dim_function
 
 ALIGNMENT = 64
 
@@ -82,13 +82,13 @@ class MemoryPlan:
 
 def plan_memory(buffers: list[BufferSpec], bindings: dict[str, int]) -> MemoryPlan:
     """The arena layout of ``buffers`` with the symbolic dims bound to ``bindings``."""
-    subs = {sym(k): v for k, v in bindings.items()}
     sizes = []
     for b in buffers:
-        n = b.nbytes if isinstance(b.nbytes, int) else sympy.sympify(b.nbytes).xreplace(subs)
-        if not getattr(n, "is_number", True) and not isinstance(n, int):
-            raise ValueError(f"the size of %{b.value} ({b.nbytes} bytes) depends on an unbound dim")
-        sizes.append(int(n))
+        try:
+            nbytes = b.nbytes if isinstance(b.nbytes, int) else sympy.sympify(b.nbytes)
+            sizes.append(int(dim_function(nbytes)(bindings)))
+        except KeyError:
+            raise ValueError(f"the size of %{b.value} ({b.nbytes} bytes) depends on an unbound dim") from None
     offsets, peak = assign_offsets(sizes, [(b.first, b.last) for b in buffers])
     return MemoryPlan({b.value: o for b, o in zip(buffers, offsets)}, {b.value: s for b, s in zip(buffers, sizes)},
                       peak, sum(_align(s) for s in sizes))

@@ -34,7 +34,7 @@ import numpy as np
 
 from egraft.errors import EgraftError, ExecutionError
 from egraft.ir.assume import check_assumptions
-from egraft.ir.dims import evaluate_dim
+from egraft.ir.dims import dim_function, evaluate_dim
 from egraft.ir.graph import Value
 from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.interpreter import Bindings, check_feeds, run_graph
@@ -446,7 +446,7 @@ class CompiledModel:
 
     def _shapes(self, bound: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
         """The shape of every value whose dims the inputs bind, computed once per binding
-        (sympy is slow; a call only looks them up)."""
+        (each dim compiled once to Python, :func:`~egraft.ir.dims.dim_function`)."""
         key = tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols)
         shapes = self._shape_cache.get(key)
         if shapes is None:
@@ -455,9 +455,10 @@ class CompiledModel:
                 for v in (*step.node.inputs, *step.node.outputs):
                     if v is None or v.type.shape is None or v.name in shapes:
                         continue
-                    dims = [evaluate_dim(d, bound) for d in v.type.shape]
-                    if all(isinstance(d, int) or getattr(d, "is_number", False) for d in dims):
-                        shapes[v.name] = tuple(int(d) for d in dims)
+                    try:
+                        shapes[v.name] = tuple(dim_function(d)(bound) for d in v.type.shape)
+                    except KeyError:
+                        pass  # a dim its producer binds when it runs (data-dependent)
             with self._plans_lock:
                 self._shape_cache[key] = shapes
         return shapes

@@ -562,6 +562,12 @@ def slice_(ctx: KernelContext) -> None:
     src_strides: list = list(in_strides)
     offset = ir.Constant(I64, 0)
     b = ctx.builder
+    known_starts = ctx.graph.known_values.get(ctx.node.inputs[1].name) if ctx.opset >= 10 else None
+    if known_starts is not None and np.asarray(known_starts).dtype == object:
+        # inference took the output length from symbolic starts assumed in range (x[n - 2:]):
+        # only the reference kernel checks that assumption
+        raise Unsupported(f"starts {np.asarray(known_starts).tolist()} are symbolic: the output length assumes "
+                          "them in range, which only the reference kernel checks")
     for axis, start, step in parameters:
         if isinstance(start, int) and start < 0 and not isinstance(shape[axis], int | sympy.Integer):
             raise Unsupported(f"start {start} on the symbolic axis {shape[axis]}: the output length assumes "
