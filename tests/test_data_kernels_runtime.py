@@ -223,3 +223,23 @@ def test_expand_to_an_incompatible_computed_shape_is_refused_naming_the_node(exp
     message = r"^Expand .*: shapes \[2, 1, 3\], \[5, 4, 3\] do not broadcast"
     with pytest.raises(egraft.errors.ExecutionError, match=message):
         compiled.run(feeds)
+
+
+def test_slice_length_inferred_from_computed_starts_is_checked_before_the_kernel_runs():
+    """``x[:, m - 2:]`` with ``m - 2`` computed from x's shape: inference types it 2 long,
+    which holds only when ``m >= 2``; the kernel runs on the checked length, and a call that
+    breaks the assumption is refused (the kernel never reads outside x)."""
+    inits = [numpy_helper.from_array(np.array([v], np.int64), name)
+             for name, v in (("one", 1), ("two", 2), ("big", 2**62))]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "one", "two"], ["m"]),
+             helper.make_node("Sub", ["m", "two"], ["start"]),
+             helper.make_node("Slice", ["x", "start", "big", "one"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", F32, ["n", "m"])],
+                   [helper.make_tensor_value_info("y", F32, None)], inits)
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    (step,) = [s for s in compiled.steps if s.node.outputs[0].name == "y"]
+    assert step.kind == "kernel" and step.sized_by_inputs, step
+    for n, m in ((3, 5), (1, 2), (4, 9)):
+        _check(model, compiled, {"x": np.random.default_rng(m).normal(0, 1, (n, m)).astype(np.float32)})
+    with pytest.raises(egraft.errors.ExecutionError, match=r"Slice .*output 0 has shape \[3, 1\], expected"):
+        compiled.run({"x": np.zeros((3, 1), np.float32)})

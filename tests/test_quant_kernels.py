@@ -129,6 +129,31 @@ def test_matmul_integer_matches_onnxruntime(a_type, b_type, n, per_column):
     _check(model, runs)
 
 
+@pytest.mark.parametrize("intrinsic, lanes, rows", [("", 4, 4), ("llvm.x86.sse2.pmadd.wd", 4, 4),
+                                                     ("llvm.x86.avx2.pmadd.wd", 8, 4),
+                                                     ("llvm.x86.avx512.pmaddw.d.512", 16, 8),
+                                                     ("llvm.x86.avx512.vpdpwssd.512", 16, 8)])
+def test_matmul_integer_pair_products(monkeypatch, intrinsic, lanes, rows):
+    """Every form of the pair product (the host picks one) gives the exact product; an odd
+    depth (the last pair half empty). Forms the host cannot run are skipped."""
+    from egraft.kernels.cpu import quant
+    from egraft.kernels.cpu.llvm import host_cpu
+
+    needs = {"avx2": "+avx2", "avx512": "+avx512bw", "vpdpwssd": "+avx512vnni"}
+    features = host_cpu()[2].split(",")
+    if any(key in intrinsic and flag not in features for key, flag in needs.items()) or \
+            (intrinsic and not host_cpu()[0].startswith("x86_64")):
+        pytest.skip(f"the host cannot run {intrinsic}")
+    monkeypatch.setattr(quant.PairProduct, "for_host", staticmethod(lambda: quant.PairProduct(intrinsic, lanes, rows)))
+    rng = np.random.default_rng(lanes)
+    w = _ints(rng, np.int8, (37, 70))
+    model = _model([helper.make_node("MatMulInteger", ["a", "w", "a_zero"], ["y"])],
+                   [("a", U8, ["m", 37]), ("a_zero", U8, [])], [("y", I32, ["m", 70])],
+                   [numpy_helper.from_array(w, "w")])
+    _check(model, [({"m": m}, {"a": _ints(rng, np.uint8, (m, 37)), "a_zero": np.array(zp, np.uint8)})
+                   for m, zp in [(1, 0), (11, 255), (16, 77)]])
+
+
 def test_matmul_integer_per_row_a_zero_point_and_no_zero_points():
     """onnxruntime takes only a per-tensor a_zero_point: a per-row one (the ONNX spec allows it)
     is checked against int64 numpy; a product without zero points against onnxruntime."""

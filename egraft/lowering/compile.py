@@ -226,7 +226,8 @@ def lower(graph: Graph) -> Lowered:
             except Unsupported as e:
                 reason = str(e)
             else:
-                sized = bool(learned) and node.op in SIZED_BY_INPUT_VALUES and node.domain in ("", "ai.onnx")
+                sized = (bool(learned) or _length_assumes_computed_starts(graph, node)) \
+                    and node.op in SIZED_BY_INPUT_VALUES and node.domain in ("", "ai.onnx")
                 if learned and not sized:
                     steps.append(Step(index, node, "fallback",
                                       reason=f"dim {learned[0]} is known only once this node has run"))
@@ -254,6 +255,16 @@ def lower(graph: Graph) -> Lowered:
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
                    bodies=bodies)
+
+
+def _length_assumes_computed_starts(graph: Graph, node: Node) -> bool:
+    """A Slice whose starts or steps are computed: inference took its output length from their
+    symbolic values assumed in range (``x[n - 2:]`` is 2 long only when ``n >= 2``), so the
+    runtime checks that length against the actual values before the kernel runs, as it binds a
+    data-dependent one (``sized_by_inputs``)."""
+    if node.op != "Slice" or node_opset(graph, node) < 10:
+        return False
+    return any(k < len(node.inputs) and node.inputs[k] is not None and node.inputs[k].const is None for k in (1, 4))
 
 
 def _dims_learned_by(node: Node, input_symbols: set[str]) -> list[str]:

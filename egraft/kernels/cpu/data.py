@@ -553,7 +553,8 @@ def slice_(ctx: KernelContext) -> None:
     """``y = x[starts:ends:steps]`` on ``axes`` (negative steps, out-of-range bounds clamped);
     the output's dims (as inference typed them, or as the runtime bound them from computed
     starts and ends) are the loop counts. Computed starts and steps are read when the kernel
-    runs and clamped as ONNX says."""
+    runs and clamped as ONNX says (the runtime checks the output length inferred from them
+    against their values first: ``egraft.lowering.compile._length_assumes_computed_starts``)."""
     _same_dtype(ctx)
     shape = ctx.shape(ctx.in_type(0))
     parameters = _slice_parameters(ctx, len(shape))
@@ -562,12 +563,6 @@ def slice_(ctx: KernelContext) -> None:
     src_strides: list = list(in_strides)
     offset = ir.Constant(I64, 0)
     b = ctx.builder
-    known_starts = ctx.graph.known_values.get(ctx.node.inputs[1].name) if ctx.opset >= 10 else None
-    if known_starts is not None and np.asarray(known_starts).dtype == object:
-        # inference took the output length from symbolic starts assumed in range (x[n - 2:]):
-        # only the reference kernel checks that assumption
-        raise Unsupported(f"starts {np.asarray(known_starts).tolist()} are symbolic: the output length assumes "
-                          "them in range, which only the reference kernel checks")
     for axis, start, step in parameters:
         if isinstance(start, int) and start < 0 and not isinstance(shape[axis], int | sympy.Integer):
             raise Unsupported(f"start {start} on the symbolic axis {shape[axis]}: the output length assumes "

@@ -23,6 +23,8 @@ is one ``(batch*seq) x 512 @ 512 x 384`` product over 24 panels of 16 columns (A
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import sympy
 from llvmlite import ir
@@ -41,11 +43,10 @@ from egraft.kernels.cpu.emit import (
     register_packing,
     splat,
 )
-from egraft.kernels.cpu.llvm import host_vector_bits
+from egraft.kernels.cpu.llvm import host_cpu, host_vector_bits
+from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES
 
 I16 = ir.IntType(16)
-#: Rows of the output per register tile of MatMulInteger.
-MR = 4
 #: The integer types the quantized ops read and write, with their ranges.
 RANGES = {DType.UINT8: (0, 255), DType.INT8: (-128, 127)}
 
@@ -251,25 +252,70 @@ def dynamic_quantize_linear(ctx: KernelContext) -> None:
 
 
 # ---- MatMulInteger --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PairProduct:
+    """How the host multiplies int16 pairs: ``acc + a[2j] * b[2j] + a[2j + 1] * b[2j + 1]`` for
+    every int32 lane ``j`` of a vector of ``lanes`` int32 (``vpdpwssd`` with AVX-512 VNNI,
+    ``vpmaddwd`` plus an add with AVX-512BW, AVX2 or SSE2, else widening multiplies);
+    ``rows``: output rows per register tile (the accumulators fit the registers)."""
+
+    intrinsic: str
+    lanes: int
+    rows: int
+
+    @staticmethod
+    def for_host() -> PairProduct:
+        triple, _, features = host_cpu()
+        flags = set(features.split(","))
+        if not triple.startswith(("x86_64", "i686", "i386")):
+            return PairProduct("", 4, 4)
+        if {"+avx512vnni", "+avx512bw"} <= flags:
+            return PairProduct("llvm.x86.avx512.vpdpwssd.512", 16, 8)
+        if "+avx512bw" in flags:
+            return PairProduct("llvm.x86.avx512.pmaddw.d.512", 16, 8)
+        if "+avx2" in flags:
+            return PairProduct("llvm.x86.avx2.pmadd.wd", 8, 4)
+        return PairProduct("llvm.x86.sse2.pmadd.wd", 4, 4)
+
+    def emit(self, b: ir.IRBuilder, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+        """``acc`` (``<lanes x i32>``) plus the pair products of ``a`` and ``w`` (``<2*lanes x i16>``)."""
+        out, pairs = ir.VectorType(I32, self.lanes), ir.VectorType(I16, 2 * self.lanes)
+        module = b.module
+        if self.intrinsic.endswith("vpdpwssd.512"):
+            fn = module.globals.get(self.intrinsic) or ir.Function(module, ir.FunctionType(out, [out, pairs, pairs]),
+                                                                   self.intrinsic)
+            return b.call(fn, [acc, a, w])
+        if self.intrinsic:
+            fn = module.globals.get(self.intrinsic) or ir.Function(module, ir.FunctionType(out, [pairs, pairs]),
+                                                                   self.intrinsic)
+            return b.add(acc, b.call(fn, [a, w]))
+        total = acc
+        for first in (0, 1):
+            mask = ir.Constant(ir.VectorType(I32, self.lanes), [2 * j + first for j in range(self.lanes)])
+            x, y = (b.sext(b.shuffle_vector(v, ir.Constant(pairs, None), mask), out) for v in (a, w))
+            total = b.add(total, b.mul(x, y))
+        return total
+
+
 @register_packing("quant.integer_panels", gather=False)
 def pack_integer_panels(b: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
     """``B - zero_point`` (``B`` [K, N] u8/i8; the zero point one value or one per column) as
-    int16 panels of ``nr`` columns, ``[ceil(N/nr), K, nr]`` with zero columns past N, returned
-    as its bytes (int8; the kernel reads int16).
+    int16 panels of ``nr`` columns, rows in pairs: ``[ceil(N/nr), ceil(K/2), nr, 2]``, zero
+    past N and K; returned as its bytes (int8; the kernel reads int16).
 
     Example:
         >>> pack_integer_panels(np.array([[1, 2, 3]], np.uint8), 2, (1,)).view(np.int16).tolist()
-        [0, 1, 2, 0]
+        [0, 0, 1, 0, 2, 0, 0, 0]
     """
     b = np.asarray(b).astype(np.int32)
     k, n = b.shape
     zp = np.asarray(zero_point, np.int32)
     b = b - (zp.reshape(1, -1) if zp.size > 1 else zp.reshape(()))
-    panels = -(-n // nr)
-    padded = np.zeros((k, panels * nr), np.int16)
-    padded[:, :n] = b
-    packed = np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
-    return packed.reshape(-1).view(np.int8)
+    panels, pairs = -(-n // nr), -(-k // 2)
+    padded = np.zeros((2 * pairs, panels * nr), np.int16)
+    padded[:k, :n] = b
+    packed = padded.reshape(pairs, 2, panels, nr).transpose(2, 0, 3, 1)
+    return np.ascontiguousarray(packed).reshape(-1).view(np.int8)
 
 
 def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, ...]:
@@ -288,7 +334,12 @@ def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, .
 @register_kernel("MatMulInteger")
 def matmul_integer(ctx: KernelContext) -> None:
     """``(A - a_zero_point) @ (B - b_zero_point)`` in int32 for a constant 2-D ``B``; A's zero
-    point per tensor or per row, computed or constant; B's per tensor or per column."""
+    point per tensor or per row, computed or constant; B's per tensor or per column.
+
+    Per tile of ``rows`` rows of A: the rows minus their zero points are written to the
+    thread's scratch as int16 pairs (one int32 per two columns of A); then, for each panel
+    of the thread's share, the tile's ``rows x nr`` outputs accumulate in registers, one
+    pair product (:class:`PairProduct`) per row, vector and pair of rows of B."""
     a_dtype = _int_dtype(ctx, 0)
     _int_dtype(ctx, 1)
     if ctx.has_input(2) and ctx.in_type(2).dtype != a_dtype:
@@ -302,16 +353,19 @@ def matmul_integer(ctx: KernelContext) -> None:
     k, n = (int(d) for d in w.shape)
     if a_shape[-1] != k:
         raise Unsupported(f"MatMulInteger: A's last dim {a_shape[-1]} is not B's {k} at compile time")
-    rows_dim = _numel(a_shape[:-1])
+    product = PairProduct.for_host()
+    width, mr, vectors = product.lanes, product.rows, 2
+    nr, pairs = vectors * width, -(-k // 2)
+    if mr * pairs * 4 > KERNEL_SCRATCH_BYTES:
+        raise Unsupported(f"MatMulInteger with {k} columns of A: its row tile does not fit the scratch")
     b_zero = _constant_zero_point(ctx, 3, n)
-    width = max(4, host_vector_bits() // 32)
-    nr = 2 * width
     panels = -(-n // nr)
     packed, _ = ctx.packed_constant("panels", "quant.integer_panels", 1, nr=nr, zero_point=b_zero)
     b = ctx.builder
     bp = b.bitcast(packed, I16.as_pointer())
     a, c = ctx.in_ptr(0), ctx.out_ptr(0)
-    rows = ctx.dim(rows_dim)
+    a_tile = b.bitcast(ctx.scratch, I32.as_pointer())
+    rows = ctx.dim(_numel(a_shape[:-1]))
     # A's zero point: none, per tensor (loaded once) or per row of A's last matrix
     a_zp_ptr, a_zp_rows, a_zp = None, None, ir.Constant(I32, 0)
     if ctx.has_input(2):
@@ -323,60 +377,74 @@ def matmul_integer(ctx: KernelContext) -> None:
             a_zp_rows = ctx.dim(a_shape[-2])
         else:
             raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
-    vt16, vt32 = ir.VectorType(I16, width), ir.VectorType(I32, width)
-    vectors = nr // width
+    vt32, vt16 = ir.VectorType(I32, width), ir.VectorType(I16, 2 * width)
+    lo, hi = ctx.share(panels)
 
-    def row_zero(r: ir.Value) -> ir.Value:
-        if a_zp_rows is None:
-            return a_zp
-        return _widen(b, b.load(b.gep(a_zp_ptr, [b.srem(r, a_zp_rows)])), a_dtype)
+    def pack_rows(r0: ir.Value, size: int) -> None:
+        """Rows ``r0 .. r0 + size`` of A, minus their zero points, as int16 pairs in the scratch."""
+        for i in range(size):
+            row = b.add(r0, const64(i))
+            zero = a_zp if a_zp_rows is None else _widen(b, b.load(b.gep(a_zp_ptr, [b.srem(row, a_zp_rows)])),
+                                                          a_dtype)
+            src, dst = b.mul(row, const64(k)), const64(i * pairs)
 
-    def tile(r0: ir.Value, mr: int, panel: ir.Value, valid: ir.Value) -> None:
-        """Rows ``r0 .. r0 + mr`` of the output's columns in ``panel`` (``valid`` of them inside N)."""
-        slots = [[ctx.alloca(vt32, name=f"acc{i}_{v}") for v in range(vectors)] for i in range(mr)]
+            def element(column: ir.Value) -> ir.Value:
+                return b.and_(b.sub(_widen(b, b.load(b.gep(a, [b.add(src, column)])), a_dtype), zero),
+                              ir.Constant(I32, 0xFFFF))
+
+            with ctx.loop(const64(k // 2), name="pair") as j:
+                low = element(b.mul(j, const64(2)))
+                high = b.shl(element(b.add(b.mul(j, const64(2)), const64(1))), ir.Constant(I32, 16))
+                b.store(b.or_(low, high), b.gep(a_tile, [b.add(dst, j)]))
+            if k % 2:
+                b.store(element(const64(k - 1)), b.gep(a_tile, [b.add(dst, const64(pairs - 1))]))
+
+    def tile(r0: ir.Value, size: int, panel: ir.Value) -> None:
+        """Rows ``r0 .. r0 + size`` of the output's columns in ``panel``."""
+        slots = [[ctx.alloca(vt32, name=f"acc{i}_{v}") for v in range(vectors)] for i in range(size)]
         for row in slots:
             for slot in row:
                 b.store(ir.Constant(vt32, [0] * width), slot)
-        zeros = [row_zero(b.add(r0, const64(i))) for i in range(mr)]
-        a_rows = [b.mul(b.add(r0, const64(i)), const64(k)) for i in range(mr)]
-        base = b.mul(panel, const64(k * nr))
-        with ctx.loop(const64(k), name="k") as kk:
-            at = b.add(base, b.mul(kk, const64(nr)))
-            bv = [b.sext(b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * width))]), vt16.as_pointer()), align=2),
-                      vt32) for v in range(vectors)]
-            for i in range(mr):
-                av = b.sub(_widen(b, b.load(b.gep(a, [b.add(a_rows[i], kk)])), a_dtype), zeros[i])
-                av = splat(b, av, width)
+        base = b.mul(panel, const64(pairs * nr * 2))
+        with ctx.loop(const64(pairs), name="k") as kk:
+            at = b.add(base, b.mul(kk, const64(nr * 2)))
+            ws = [b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * 2 * width))]), vt16.as_pointer()), align=2)
+                  for v in range(vectors)]
+            for i in range(size):
+                pair = b.bitcast(splat(b, b.load(b.gep(a_tile, [b.add(const64(i * pairs), kk)])), width), vt16)
                 for v in range(vectors):
-                    slot = slots[i][v]
-                    b.store(b.add(b.load(slot), b.mul(av, bv[v])), slot)
+                    b.store(product.emit(b, b.load(slots[i][v]), pair, ws[v]), slots[i][v])
         column = b.mul(panel, const64(nr))
+        valid = imin(b, const64(nr), b.sub(const64(n), column))
         with b.if_else(b.icmp_signed("==", valid, const64(nr))) as (whole, part):
             with whole:
-                for i in range(mr):
+                for i in range(size):
                     out = b.add(b.mul(b.add(r0, const64(i)), const64(n)), column)
                     for v in range(vectors):
                         pointer = b.bitcast(b.gep(c, [b.add(out, const64(v * width))]), vt32.as_pointer())
                         b.store(b.load(slots[i][v]), pointer, align=4)
             with part:
-                for i in range(mr):
+                lanes = b.bitcast(ctx.alloca(ir.ArrayType(I32, nr), name="lanes"), I32.as_pointer())
+                for i in range(size):
                     out = b.add(b.mul(b.add(r0, const64(i)), const64(n)), column)
-                    lanes = ctx.alloca(ir.ArrayType(I32, nr), name=f"lanes{i}")
-                    first = b.bitcast(lanes, I32.as_pointer())
                     for v in range(vectors):
-                        b.store(b.load(slots[i][v]), b.bitcast(b.gep(first, [const64(v * width)]), vt32.as_pointer()),
+                        b.store(b.load(slots[i][v]), b.bitcast(b.gep(lanes, [const64(v * width)]), vt32.as_pointer()),
                                 align=4)
                     with ctx.loop(valid, name="j") as j:
-                        b.store(b.load(b.gep(first, [j])), b.gep(c, [b.add(out, j)]))
+                        b.store(b.load(b.gep(lanes, [j])), b.gep(c, [b.add(out, j)]))
 
-    lo, hi = ctx.share(panels)
-    with ctx.loop(hi, start=lo, name="panel") as panel:
-        valid = imin(b, const64(nr), b.sub(const64(n), b.mul(panel, const64(nr))))
-        tiles = b.sdiv(rows, const64(MR))
-        with ctx.loop(tiles, name="tile") as t:
-            tile(b.mul(t, const64(MR)), MR, panel, valid)
-        with ctx.loop(rows, start=b.mul(tiles, const64(MR)), name="row") as r:
-            tile(r, 1, panel, valid)
+    def rows_of(r0: ir.Value, size: int) -> None:
+        pack_rows(r0, size)
+        with ctx.loop(hi, start=lo, name="panel") as panel:
+            tile(r0, size, panel)
+
+    tiles = b.sdiv(rows, const64(mr))
+    with ctx.loop(tiles, name="tile") as t:
+        rows_of(b.mul(t, const64(mr)), mr)
+    rest = b.sub(rows, b.mul(tiles, const64(mr)))
+    for size in range(1, mr):
+        with b.if_then(b.icmp_signed("==", rest, const64(size))):
+            rows_of(b.mul(tiles, const64(mr)), size)
 
 
 # ---- ConvInteger ----------------------------------------------------------------------------------
@@ -447,4 +515,4 @@ def conv_integer(ctx: KernelContext) -> None:
 
 
 __all__ = ["pack_integer_panels", "pack_conv_integer_weights", "matmul_integer", "conv_integer", "quantize_linear",
-           "dequantize_linear", "dynamic_quantize_linear", "MR", "RANGES"]
+           "dequantize_linear", "dynamic_quantize_linear", "PairProduct", "RANGES"]
