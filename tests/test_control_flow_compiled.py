@@ -376,3 +376,25 @@ def test_constant_computations_in_a_body_are_folded():
                  .astype(np.float32)}
         (want,) = _ort(model, feeds)
         np.testing.assert_allclose(compiled.run(feeds)["h"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_ranks_a_run_shows_give_a_variant():
+    """Without bound dims y's rank is known only at run time, so the nodes after it fall back
+    in the generic build. A run notes y's rank and compiles a variant typed with it (every
+    node then has generated code); a call where y has the other rank fails the variant's
+    check, runs generically and adds the second variant. Every result matches onnxruntime."""
+    model = rank_by_length()
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    assert compiled.variants() == []
+    for n, flag in [(6, True), (6, False), (1, True), (1, False), (9, True)]:
+        x = np.random.default_rng(n).normal(0, 1, (1, n)).astype(np.float32)
+        feeds = {"x": x, "flag": np.array(flag)}
+        (want,) = _ort(model, feeds)
+        got = compiled.run(feeds)["out"]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    variants = compiled.variants()
+    assert len(variants) == 2  # y: f32[1, n] (n > 1) and f32[1] (n == 1)
+    for variant in variants:
+        _assert_bodies_compiled(variant, 2)
+        assert {s.node.op: s.kind for s in variant.steps}["Mul"] == "kernel"

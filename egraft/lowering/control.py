@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -214,4 +215,84 @@ def empty_like_type(result: np.ndarray, ttype: TensorType, bound: Mapping[str, i
     return np.zeros(shape, result.dtype) if 0 in shape else result
 
 
-__all__ = ["CONTROL_OPS", "ControlBodies", "body_graph", "empty_like_type", "is_control", "lower_bodies", "node_bodies"]
+# ---- variants typed with the ranks a run showed --------------------------------------------------
+class RankGuard(ExecutionError):
+    """A control step's output has another rank than the variant that ran it assumed: the
+    call is run again on the generic program."""
+
+
+#: At most this many rank variants per compiled graph.
+MAX_VARIANTS = 4
+
+
+def ranked_graph(graph: Graph, ranks: Mapping[str, int], prefix: str = "_v") -> Graph:
+    """``graph`` with the values in ``ranks`` (outputs of If nodes whose branches differ in
+    rank) given that rank, with a fresh symbol per dim, and every node typed again: the
+    nodes after them get ranks, and may run generated code."""
+    fresh = FreshDims(prefix)
+    out = Graph(graph.name, list(graph.inputs), [], [], constants=graph.constants, opsets=dict(graph.opsets),
+                doc=graph.doc)
+    renamed: dict[str, Value] = {v.name: v for v in graph.inputs}
+    for node in graph.nodes:
+        ins = tuple(None if v is None else renamed.get(v.name, v) for v in node.inputs)
+        draft = node.replace(inputs=ins)
+        types = infer_node(out, draft, fresh)
+        types = [TensorType(t.dtype, tuple(fresh() for _ in range(ranks[v.name])))
+                 if v is not None and v.name in ranks and t is not None and t.shape is None else t
+                 for v, t in zip(node.outputs, types)]
+        outs = tuple(None if v is None else v.replace(type=t) for v, t in zip(node.outputs, types))
+        renamed.update((v.name, v) for v in outs if v is not None)
+        out.nodes.append(draft.replace(outputs=outs))
+    out.outputs = [renamed.get(v.name, v) for v in graph.outputs]
+    return out
+
+
+class RankedVariants:
+    """Programs of one graph typed with the ranks that its If outputs of unknown rank had in
+    a run (:func:`ranked_graph`), so that the nodes after them run generated code.
+
+    A run of the generic program notes the rank of each such output (:meth:`observe`);
+    after it, :meth:`learn` compiles the variant of those ranks (once per set of ranks, at
+    most :data:`MAX_VARIANTS`; the call that first sees them pays the compile). Later calls
+    run the latest variant; its control steps check each output's rank and raise
+    :class:`RankGuard` when it differs, and the call is run again generically.
+    """
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.unranked = {v.name for node in graph.nodes if is_control(node) for v in node.outputs
+                         if v is not None and v.type.shape is None}
+        self.seen: dict[str, int] = {}
+        self.variants: dict[tuple, object] = {}
+        self.current = None
+        self._lock = threading.Lock()
+
+    def observe(self, name: str, ndim: int) -> None:
+        if name in self.unranked:
+            self.seen[name] = ndim
+
+    def learn(self) -> None:
+        """Compile (or pick) the variant for the ranks the last generic run saw."""
+        key = tuple(sorted(self.seen.items()))
+        if not key:
+            return
+        with self._lock:
+            if key in self.variants:
+                self.current = self.variants[key] or self.current
+                return
+            if len(self.variants) >= MAX_VARIANTS:
+                return
+            self.variants[key] = None  # tried: a failure is not tried again
+        from egraft.lowering.compile import compile_lowered, lower
+
+        try:
+            tag = hashlib.blake2b(repr(key).encode(), digest_size=3).hexdigest()
+            variant = compile_lowered(lower(ranked_graph(self.graph, dict(key), f"_v{tag}_")))
+        except EgraftError:
+            return  # the generic program keeps serving
+        with self._lock:
+            self.variants[key] = self.current = variant
+
+
+__all__ = ["CONTROL_OPS", "MAX_VARIANTS", "ControlBodies", "RankGuard", "RankedVariants", "body_graph",
+           "empty_like_type", "is_control", "lower_bodies", "node_bodies", "ranked_graph"]

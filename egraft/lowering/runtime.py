@@ -45,7 +45,7 @@ from egraft.kernels.cpu.llvm import JitModule
 from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
 from egraft.kernels.cpu.workers import NativeWorkers
 from egraft.lowering.compile import Lowered
-from egraft.lowering.control import ControlBodies, empty_like_type
+from egraft.lowering.control import ControlBodies, RankedVariants, RankGuard, empty_like_type
 from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
 
 _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -197,6 +197,10 @@ class CompiledModel:
         #: the compiled bodies of each control step (If, Loop, Scan), by step index
         self._bodies = {step.index: ControlBodies(step.node, (bodies or {})[step.index])
                         for step in lowered.steps if step.kind == "control"}
+        #: programs typed with the ranks of the If outputs that only a run knows
+        self._variants = RankedVariants(self.graph) if any(
+            v is not None and v.type.shape is None for step in lowered.steps if step.kind == "control"
+            for v in step.node.outputs) else None
         #: True when :func:`egraft.compile` read this model from its cache.
         self.cache_hit = False
 
@@ -211,6 +215,13 @@ class CompiledModel:
         bodies' own ``bodies()``."""
         return {f"{self._lowered.steps[index].node.label} / {attr}": body
                 for index, control in sorted(self._bodies.items()) for attr, body in control.compiled.items()}
+
+    def variants(self) -> list[CompiledModel]:
+        """The programs compiled for the ranks that runs showed for If outputs whose rank is
+        known only at run time (:class:`~egraft.lowering.control.RankedVariants`), newest
+        last; a call runs the newest."""
+        found = self._variants.variants.values() if self._variants is not None else []
+        return [v for v in found if v is not None]
 
     def memory_plan(self, bindings: Mapping[str, int] | None = None) -> MemoryPlan:
         """The arena layout at ``bindings`` (every symbolic dim of the graph's buffers)."""
@@ -286,7 +297,7 @@ class CompiledModel:
         arrays, bindings = check_feeds(self.graph, feeds)
         if self._lowered.assumptions:  # refused naming the assumption; adds the quotient dims (h_q32)
             bindings = check_assumptions(self._lowered.assumptions, bindings)
-        return self._execute(arrays, bindings, profile)
+        return self._run_any(arrays, bindings, profile)
 
     def run_body(self, feeds: Mapping[str, np.ndarray], outer: Mapping[str, int]) -> dict[str, np.ndarray]:
         """Run as the body of a control step: ``feeds`` by input name (the body's inputs
@@ -303,7 +314,25 @@ class CompiledModel:
             if problem:
                 raise ExecutionError(problem)
             arrays[v.name] = array
-        return self._execute(arrays, bindings, None)
+        return self._run_any(arrays, bindings, None)
+
+    def _run_any(self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int],
+                 profile: list | None) -> dict[str, np.ndarray]:
+        """Run the variant typed with the ranks earlier runs showed, when there is one
+        (:class:`~egraft.lowering.control.RankedVariants`); else, or when a rank differs
+        this time, the generic program, which then learns the ranks it saw."""
+        variants = self._variants
+        if variants is None:
+            return self._execute(arrays, bindings, profile)
+        variant = variants.current
+        if variant is not None:
+            try:
+                return variant._run_any(arrays, bindings, profile)
+            except RankGuard:
+                pass
+        outputs = self._execute(arrays, bindings, profile)
+        variants.learn()
+        return outputs
 
     def _execute(self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int],
                  profile: list | None) -> dict[str, np.ndarray]:
@@ -537,6 +566,11 @@ class CompiledModel:
             result = np.asarray(results[i], dtype=v.type.dtype.numpy)
             if step.kind == "control" and result.size == 0:  # an empty stack: the dims the type knows
                 result = empty_like_type(result, v.type, bound)
+            if step.kind == "control" and v.type.shape is None and self._variants is not None:
+                self._variants.observe(v.name, result.ndim)
+            elif step.kind == "control" and v.type.shape is not None and result.ndim != len(v.type.shape):
+                raise RankGuard(f"{node.label}: output {i} has rank {result.ndim}, this program assumed "
+                                f"{len(v.type.shape)}")
             problem = checker.unify(v.type, result, f"{node.label}: output {i}", strict=False)
             if problem:
                 raise ExecutionError(problem)
