@@ -201,6 +201,8 @@ class CompiledModel:
         self._variants = RankedVariants(self.graph) if any(
             v is not None and v.type.shape is None for step in lowered.steps if step.kind == "control"
             for v in step.node.outputs) else None
+        #: output shapes of the ``sized_by_inputs`` kernels, by step and input shapes and values
+        self._sized_shapes: dict[tuple, list] = {}
         #: True when :func:`egraft.compile` read this model from its cache.
         self.cache_hit = False
 
@@ -493,13 +495,42 @@ class CompiledModel:
         return shapes
 
     def _bind_output_dims(self, step, env, bound, dims) -> None:
-        """Bind the data-dependent dims of a ``sized_by_inputs`` kernel's outputs before it runs:
-        the op's shape inference, given its inputs' actual shapes and the values of the small
-        ones (Range's scalars, Expand's shape, Slice's starts), gives its output shapes; their
-        symbols are bound in ``bound`` and ``dims`` (the kernel reads them there).
+        """Bind the data-dependent dims of a ``sized_by_inputs`` kernel's outputs before it runs,
+        and check the others: the op's shape inference, given its inputs' actual shapes and the
+        values of the small ones (Range's scalars, Expand's shape, Slice's starts), gives its
+        output shapes (remembered per step for those shapes and values: sympy is slow); their
+        symbols are bound in ``bound`` and ``dims`` (the kernel reads them there), and a shape
+        that contradicts the declared type is refused, naming the node.
 
         Example: ``Range(0, n, 1) -> i64[_d0]`` with ``n`` = 7 binds ``_d0`` = 7.
         """
+        from egraft.ir.infer import MAX_KNOWN_ELEMENTS
+
+        node = step.node
+        arrays = [None if v is None else env[v.name] for v in node.inputs]
+        key = (step.index, *(None if a is None else (a.shape, a.tobytes() if a.size <= MAX_KNOWN_ELEMENTS else None)
+                             for a in arrays))
+        shapes = self._sized_shapes.get(key)
+        if shapes is None:
+            shapes = self._infer_output_shapes(step, arrays)
+            with self._plans_lock:
+                if len(self._sized_shapes) < 4096:
+                    self._sized_shapes[key] = shapes
+        checker = Bindings(bound)
+        for i, (v, shape) in enumerate(zip(node.outputs, shapes)):
+            if v is None:
+                continue
+            shape_only = np.broadcast_to(np.empty((), v.type.dtype.numpy), shape)
+            problem = checker.unify(v.type, shape_only, f"{node.label}: output {i}", strict=False)
+            if problem:
+                raise ExecutionError(problem)
+        for k, s in enumerate(self._lowered.symbols):
+            if s in checker and dims[k] == UNBOUND:
+                dims[k] = checker[s]
+                bound[s] = checker[s]
+
+    def _infer_output_shapes(self, step, arrays) -> list[tuple[int, ...] | None]:
+        """The output shapes of ``step``'s node on inputs ``arrays``, by its shape inference."""
         from egraft.ir.infer import MAX_KNOWN_ELEMENTS, FreshDims
         from egraft.ir.onnx_fallback import onnx_infer
         from egraft.ir.registry import InferContext
@@ -508,11 +539,8 @@ class CompiledModel:
         node = step.node
         opset = self._opsets[step.index]
         op = resolve_op(node, opset)
-        types, values = [], []
-        for v in node.inputs:
-            array = None if v is None else env[v.name]
-            types.append(None if v is None else TensorType(v.type.dtype, tuple(array.shape)))
-            values.append(array if array is not None and array.size <= MAX_KNOWN_ELEMENTS else None)
+        types = [None if v is None else TensorType(v.type.dtype, tuple(a.shape)) for v, a in zip(node.inputs, arrays)]
+        values = [a if a is not None and a.size <= MAX_KNOWN_ELEMENTS else None for a in arrays]
         while types and types[-1] is None:
             types.pop()
         try:
@@ -521,22 +549,15 @@ class CompiledModel:
         except Exception as e:  # the inputs' values are not a valid call (Expand to an incompatible shape)
             message = str(e) if isinstance(e, EgraftError) else f"{node.label}: {type(e).__name__}: {e}"
             raise ExecutionError(message) from e
-        checker = Bindings(bound)
+        shapes = []
         for i, (v, t) in enumerate(zip(node.outputs, inferred)):
-            if v is None:
-                continue
-            shape = None if t is None or t.shape is None else list(t.shape)
-            if shape is None or not all(getattr(d, "is_Integer", False) or isinstance(d, int) for d in shape):
+            shape = None if v is None or t is None or t.shape is None else list(t.shape)
+            if v is not None and (shape is None or not all(getattr(d, "is_Integer", False) or isinstance(d, int)
+                                                           for d in shape)):
                 raise ExecutionError(f"{node.label}: the shape of output {i} is not known from its inputs' "
                                      f"values ({t}); it cannot run as a kernel")
-            shape_only = np.broadcast_to(np.empty((), v.type.dtype.numpy), tuple(int(d) for d in shape))
-            problem = checker.unify(v.type, shape_only, f"{node.label}: output {i}", strict=False)
-            if problem:
-                raise ExecutionError(problem)
-        for k, s in enumerate(self._lowered.symbols):
-            if s in checker and dims[k] == UNBOUND:
-                dims[k] = checker[s]
-                bound[s] = checker[s]
+            shapes.append(None if shape is None else tuple(int(d) for d in shape))
+        return shapes
 
     def _fallback(self, step, env, table, bound, dims) -> None:
         node = step.node
