@@ -135,6 +135,15 @@ class CompileReport:
     controls: int = 0
 
 
+class _Shaped:
+    """Stands for an array of which only the shape matters (``Bindings.unify`` reads no data)."""
+
+    __slots__ = ("shape", "ndim")
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape, self.ndim = shape, len(shape)
+
+
 def _aligned_empty(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     shift = (-raw.ctypes.data) % ALIGNMENT
@@ -520,8 +529,7 @@ class CompiledModel:
         for i, (v, shape) in enumerate(zip(node.outputs, shapes)):
             if v is None:
                 continue
-            shape_only = np.broadcast_to(np.empty((), v.type.dtype.numpy), shape)
-            problem = checker.unify(v.type, shape_only, f"{node.label}: output {i}", strict=False)
+            problem = checker.unify(v.type, _Shaped(shape), f"{node.label}: output {i}", strict=False)
             if problem:
                 raise ExecutionError(problem)
         for k, s in enumerate(self._lowered.symbols):
