@@ -29,6 +29,7 @@ from egraft.compile_cache import cache_root, clear_cache, entry_path, model_dige
 from egraft.errors import EgraftError, InputError
 from egraft.ir.assume import assume_graph, check_assumptions, parse_assumptions
 from egraft.ir.graph import Graph
+from egraft.ir.unify import input_assumptions
 
 TARGETS = ("cpu",)
 
@@ -160,6 +161,8 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     problem = unknown_dims_message(bindings, graph, str(model) if isinstance(model, str | Path) else "the model")
     if problem:
         raise InputError(problem)
+    # an input's anonymous dim that meets a dim in a broadcast is that dim, checked on every call
+    assume = tuple(assume) + tuple(a for a in input_assumptions(graph) if a not in assume)
     assumptions = parse_assumptions(assume, graph.symbols())
     check_assumptions(assumptions, bindings, what="bound by shape")
     if rewrite:

@@ -6,7 +6,9 @@
 - ``dim_param`` dims become sympy symbols of the same name; unnamed unknown dims and
   placeholder names (``?``, ``-1``, ``None``: see :func:`dim_param_symbol`) become a fresh
   symbol at each place, ``_d0``, ``_d1``...
-- Every node is typed by the op registry's inference as it is imported.
+- Every node is typed by the op registry's inference as it is imported; then an
+  anonymous dim (``_d0``, ``unk__12``) that meets another in a broadcast is unified with
+  it (:mod:`egraft.ir.unify`).
 - If/Loop/Scan bodies are imported as nested graphs that may read outer values.
 """
 
@@ -31,6 +33,7 @@ from egraft.ir.infer import FreshDims, infer_node
 from egraft.ir.onnx_bridge import attr_from_onnx
 from egraft.ir.registry import get_op
 from egraft.ir.types import TensorType
+from egraft.ir.unify import unify_dims
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
@@ -92,6 +95,7 @@ def load(source: ModelSource) -> Graph:
     importer = _Importer(opsets)
     graph = importer.import_graph(model.graph, outer={})
     graph.doc = model.doc_string
+    graph, _ = unify_dims(graph)  # an anonymous dim meeting another in a broadcast is that dim
     from egraft import trace
 
     if trace.enabled("shapes"):

@@ -66,6 +66,9 @@ class Step:
     #: a kernel whose output dims the runtime computes from its input values before calling it
     #: (see :data:`SIZED_BY_INPUT_VALUES`)
     sized_by_inputs: bool = False
+    #: a kernel's broadcasts decided at run time, ``(axis, operand dim, result dim)``: the
+    #: runtime checks each operand dim is 1 or the result's (:mod:`egraft.lowering.guards`)
+    guards: tuple = ()
 
 
 @dataclass
@@ -200,7 +203,7 @@ def lower(graph: Graph) -> Lowered:
             continue
         # Output dims only the node's own run binds (a Reshape to a target computed from data):
         # its reference kernel runs and binds them, unless the generator refuses for a reason of its own.
-        learned = _dims_learned_by(node, input_symbols)
+        learned = _dims_learned_by(node, input_symbols) or _dims_given_by_values(node)
         offset = _contiguous_slice(graph, node)
         if (_is_view(graph, node) or offset is not None) and node.outputs[0].name not in output_names \
                 and not learned:
@@ -239,8 +242,8 @@ def lower(graph: Graph) -> Lowered:
                 packed_from.update(ctx.packed_from)
                 runtime_constants.update(v.name for v in node.inputs
                                          if v is not None and v.const is not None and v.name in ctx.table_names)
-                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel,
-                                  sized_by_inputs=sized))
+                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel, sized_by_inputs=sized,
+                                  guards=tuple(ctx.broadcast_guards)))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
     for step in steps:
@@ -255,6 +258,26 @@ def lower(graph: Graph) -> Lowered:
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
                    bodies=bodies)
+
+
+def _dims_given_by_values(node: Node) -> list[str]:
+    """Symbols of the output dims of a Range, ConstantOfShape, Expand or Slice (the ops of
+    :data:`SIZED_BY_INPUT_VALUES`) that its data input's shape does not give, when an input
+    that sizes it (Range's scalars, a shape, starts or ends) is computed: its values decide them. Such a dim may be a named dim that a
+    data-dependent one was unified with (:mod:`egraft.ir.unify`), so the runtime computes the
+    output shape from the values and checks it (``sized_by_inputs``) rather than trusting it."""
+    if node.op not in SIZED_BY_INPUT_VALUES or node.domain not in ("", "ai.onnx"):
+        return []
+    sizing = node.inputs if node.op in ("Range", "ConstantOfShape") else node.inputs[1:]
+    if all(v is None or v.const is not None for v in sizing):
+        return []
+    data = node.inputs[0] if node.op not in ("Range", "ConstantOfShape") else None
+    given = dim_symbols(data.type.shape) if data is not None and data.type.shape is not None else set()
+    found: set[str] = set()
+    for v in node.outputs:
+        if v is not None and v.type.shape is not None:
+            found |= dim_symbols(v.type.shape) - given
+    return sorted(found)
 
 
 def _length_assumes_computed_starts(graph: Graph, node: Node) -> bool:

@@ -46,6 +46,7 @@ from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
 from egraft.kernels.cpu.workers import NativeWorkers
 from egraft.lowering.compile import Lowered
 from egraft.lowering.control import ControlBodies, RankedVariants, RankGuard, empty_like_type
+from egraft.lowering.guards import check_broadcasts
 from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
 
 _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
@@ -386,6 +387,8 @@ class CompiledModel:
             if step.kind == "kernel":
                 if step.sized_by_inputs:
                     self._bind_output_dims(step, env, bound, dims)
+                if step.guards:
+                    check_broadcasts(step.node.label, step.guards, bound)
                 for v in step.node.outputs:
                     if v is not None and v.name in lowered.dynamic:
                         place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))

@@ -27,13 +27,23 @@ from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, is_float, l
 Body = Callable[[ir.IRBuilder, object, list[ir.Value]], ir.Value]
 
 
-def broadcast_strides(shape: Sequence, out: Sequence) -> list:
+def broadcast_strides(shape: Sequence, out: Sequence, guards: list | None = None) -> list:
     """Element strides of an operand of ``shape`` read at the indices of ``out`` (right
     aligned; 0 on broadcast axes).
+
+    Where no proof decides whether an axis broadcasts (``a`` against ``Max(a, b)``, a
+    data-dependent ``_d0`` against 3), the stride is chosen at run time:
+    ``Min(d - 1, 1) * acc`` is 0 when the operand's dim ``d`` is 1 and ``acc`` otherwise,
+    which is right whenever ``d`` is 1 or the result's dim. That condition is appended to
+    ``guards`` as ``(axis, d, out[axis])`` for the runtime to check before the kernel runs;
+    without ``guards`` such an axis raises :class:`Unsupported`.
 
     Example:
         >>> broadcast_strides((3, 1), (2, 3, 4))
         [0, 1, 0]
+        >>> a, b = sympy.symbols("a b", positive=True, integer=True)
+        >>> broadcast_strides((a, 4), (sympy.Max(a, b), 4), guards := [])
+        [4*Min(1, a - 1), 1]
     """
     pad = len(out) - len(shape)
     strides: list = [0] * len(out)
@@ -43,10 +53,14 @@ def broadcast_strides(shape: Sequence, out: Sequence) -> list:
             continue
         d = shape[k - pad]
         if d != 1 and not dims_equal(d, out[k]):
-            # e.g. a data-dependent _d0 against 3: broadcast or not is only known at run time
-            raise Unsupported(f"operand dim {d} against result dim {out[k]}: whether it broadcasts is known "
-                              "only at run time")
-        strides[k] = 0 if (d == 1 and out[k] != 1) else acc
+            if guards is None:
+                # e.g. a data-dependent _d0 against 3: broadcast or not is only known at run time
+                raise Unsupported(f"operand dim {d} against result dim {out[k]}: whether it broadcasts is known "
+                                  "only at run time")
+            guards.append((k, d, out[k]))
+            strides[k] = acc * sympy.Min(d - 1, 1)
+        else:
+            strides[k] = 0 if (d == 1 and out[k] != 1) else acc
         acc = acc * d
     return strides
 
@@ -83,7 +97,8 @@ def emit_elementwise(ctx: KernelContext, body: Body, inputs: Sequence[int]) -> N
     node inputs ``inputs`` with broadcasting (operands in their own element types)."""
     out_shape = ctx.shape(ctx.out_type(0))
     shapes = [ctx.shape(ctx.in_type(i)) for i in inputs]
-    operand_strides = [broadcast_strides(out_shape, out_shape)] + [broadcast_strides(s, out_shape) for s in shapes]
+    operand_strides = [broadcast_strides(out_shape, out_shape)] + [broadcast_strides(s, out_shape, ctx.broadcast_guards)
+                                                                   for s in shapes]
     sizes, strides = collapse(out_shape, operand_strides)
     b = ctx.builder
     pointers = [ctx.out_ptr(0)] + [ctx.in_ptr(i) for i in inputs]

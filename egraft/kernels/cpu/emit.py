@@ -186,6 +186,9 @@ class KernelContext(NodeAttrs):
             arg.name = arg_name
         #: Set by a generator whose code computes only share ``part`` of ``parts``.
         self.parallel = False
+        #: ``(axis, operand dim, result dim)`` whose broadcast the code decides at run time
+        #: (``broadcast_strides``): the runtime checks that each operand dim is 1 or the result's.
+        self.broadcast_guards: list[tuple] = []
         self._entry = self.function.append_basic_block("entry")
         self._start = self.function.append_basic_block("start")
         self.builder = ir.IRBuilder(self._start)

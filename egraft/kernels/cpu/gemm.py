@@ -324,8 +324,8 @@ def emit_epilogue(ctx: KernelContext, alpha: float, addends: Sequence[Addend], a
         return
     out_shape = ctx.shape(ctx.out_type(0))
     own = broadcast_strides(out_shape, out_shape)
-    sizes, strides = collapse(out_shape, [own] + [broadcast_strides(ctx.shape(ctx.in_type(x.index)), out_shape)
-                                                  for x in addends])
+    sizes, strides = collapse(out_shape, [own] + [broadcast_strides(ctx.shape(ctx.in_type(x.index)), out_shape,
+                                                                    ctx.broadcast_guards) for x in addends])
     bld = ctx.builder
     out = ctx.out_ptr(0)
     pointers = [out] + [ctx.in_ptr(x.index) for x in addends]
@@ -357,8 +357,8 @@ def matmul_operands(ctx: KernelContext) -> tuple[list[Dim], list[list[Dim]], Mat
     b2 = (*b_shape, 1) if len(b_shape) == 1 else tuple(b_shape)
     m, k, n = a2[-2], a2[-1], b2[-1]
     batch = list(out_shape[: len(out_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
-    a_strides = broadcast_strides(a2, (*batch, m, k))
-    b_strides = broadcast_strides(b2, (*batch, k, n))
+    a_strides = broadcast_strides(a2, (*batch, m, k), ctx.broadcast_guards)  # batch dims may broadcast at run time
+    b_strides = broadcast_strides(b2, (*batch, k, n), ctx.broadcast_guards)
     a_row, a_col = (a_strides[-2], a_strides[-1]) if not dim_is(m, 1) else (0, a_strides[-1])
     b_row, b_col = (b_strides[-2], b_strides[-1]) if not dim_is(n, 1) else (b_strides[-2], 0)
     return (batch, [a_strides[:-2], b_strides[:-2]], Matrix(ctx.in_ptr(0), a_row, a_col),
