@@ -207,6 +207,7 @@ class CompiledModel:
         #: the compiled bodies of each control step (If, Loop, Scan), by step index
         self._bodies = {step.index: ControlBodies(step.node, (bodies or {})[step.index])
                         for step in lowered.steps if step.kind == "control"}
+        self._body_inputs: list | None = None  # run_body's view of the inputs
         #: programs typed with the ranks of the If outputs that only a run knows
         self._variants = RankedVariants(self.graph) if any(
             v is not None and v.type.shape is None for step in lowered.steps if step.kind == "control"
@@ -317,14 +318,18 @@ class CompiledModel:
         enclosing graph has bound (a captured value's dims may be expressions of them)."""
         bindings = Bindings({s: outer[s] for s in self._lowered.symbols if s in outer})
         arrays = {}
-        for v in self.graph.inputs:
+        if self._body_inputs is None:  # (value, numpy dtype, static shape or None), once
+            self._body_inputs = [(v, v.type.dtype.numpy, tuple(v.type.shape) if v.type.is_static else None)
+                                 for v in self.graph.inputs]
+        for v, dtype, static in self._body_inputs:
             array = np.asarray(feeds[v.name])
-            if array.dtype != v.type.dtype.numpy:
+            if array.dtype != dtype:
                 raise ExecutionError(f"{self.graph.name}: input {v.name!r} has dtype {array.dtype}, "
                                      f"expected {v.type}")
-            problem = bindings.unify(v.type, array, f"{self.graph.name}: input {v.name!r}", strict=False)
-            if problem:
-                raise ExecutionError(problem)
+            if static is None or array.shape != static:  # symbolic dims to bind, or a wrong shape to name
+                problem = bindings.unify(v.type, array, f"{self.graph.name}: input {v.name!r}", strict=False)
+                if problem:
+                    raise ExecutionError(problem)
             arrays[v.name] = array
         return self._run_any(arrays, bindings, None)
 
