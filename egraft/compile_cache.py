@@ -16,6 +16,7 @@ only its packed copy is read through unpacked from it on demand (``restore``, :c
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 import shutil
 import zlib
@@ -45,7 +46,11 @@ CONSTANTS_BUDGET = 1.1
 # ---- the key ---------------------------------------------------------------------------------------
 @cache
 def _source_digest() -> str:
-    """SHA-256 over egraft's own .py, .rules and .toml files."""
+    """SHA-256 over egraft's own .py, .rules and .toml files, or ``$EGRAFT_SOURCE_DIGEST``:
+    a worker that builds for its parent process (:mod:`egraft.specializing`) keys its
+    entries as the parent does, even if egraft's files changed since the parent started."""
+    if os.environ.get("EGRAFT_SOURCE_DIGEST"):
+        return os.environ["EGRAFT_SOURCE_DIGEST"]
     root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):

@@ -59,8 +59,11 @@ def _build_into_cache(model, shape: dict[str, int], options: dict) -> None:
     """Compile ``model`` specialized to ``shape`` into the compile cache, in a fresh Python
     process (``python -c``: no fork of the caller's threads, no re-import of its main
     module); raises ``RuntimeError`` with the worker's last error line when it fails."""
+    from egraft.compile_cache import _source_digest
+
     root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+               EGRAFT_SOURCE_DIGEST=_source_digest())  # the key this process will look the variant up by
     with tempfile.TemporaryDirectory(prefix="egraft-variant-") as folder:
         request = Path(folder) / "request.pkl"
         request.write_bytes(pickle.dumps({"model": model, "shape": shape, "options": options}))

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 
 import sympy
@@ -98,6 +98,73 @@ def evaluate_dim(d: Dim, bindings: Mapping[str, int]) -> Dim:
         return d
     subs = {s: bindings[s.name] for s in d.free_symbols if s.name in bindings}
     return simplify_dim(d.xreplace(subs)) if subs else d
+
+
+def integer_fraction(e: sympy.Expr) -> tuple[sympy.Expr, int | None]:
+    """``e`` as ``numerator / d`` with an integer-coefficient numerator and a positive
+    integer ``d`` (``h/32 - 1/32`` -> ``(h - 1, 32)``); ``d`` is ``None`` when the
+    denominator is not an integer (a symbol divides).
+
+    Example:
+        >>> integer_fraction(sym("h") / 32 - sympy.Rational(1, 32))
+        (h - 1, 32)
+    """
+    num, den = sympy.fraction(sympy.together(e))
+    if not den.is_Integer or int(den) == 0:
+        return e, None
+    if int(den) < 0:
+        num, den = -num, -den
+    return sympy.expand(num), int(den)
+
+
+def _python(e: sympy.Expr) -> str:
+    """``e`` as Python integer arithmetic over ``b["name"]`` (:func:`dim_function`)."""
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        return f"b[{e.name!r}]"
+    if isinstance(e, sympy.floor | sympy.ceiling):
+        num, den = integer_fraction(e.args[0])
+        if den is None:
+            raise ValueError(e)
+        return f"(({_python(num)}) // {den})" if isinstance(e, sympy.floor) else f"(-((-({_python(num)})) // {den}))"
+    if isinstance(e, sympy.Mod) and e.args[1].is_Integer:
+        return f"(({_python(e.args[0])}) % {int(e.args[1])})"
+    if isinstance(e, sympy.Max | sympy.Min):
+        return f"{'max' if isinstance(e, sympy.Max) else 'min'}({', '.join(_python(a) for a in e.args)})"
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+        return f"(({_python(e.base)}) ** {int(e.exp)})"
+    if e.is_Add or e.is_Mul or e.is_Rational:
+        num, den = integer_fraction(e)
+        if den is None:
+            raise ValueError(e)
+        if den != 1:
+            return f"(({_python(num)}) // {den})"  # an integer-valued quotient: exact
+        return "(" + (" + " if e.is_Add else " * ").join(_python(a) for a in e.args) + ")"
+    raise ValueError(e)
+
+
+@lru_cache(maxsize=65536)
+def dim_function(d: Dim) -> Callable[[Mapping[str, int]], int]:
+    """``d`` as a function of the bound dims, compiled once: evaluating a dim per call
+    binding costs a Python expression, not a sympy substitution (the first call at a new
+    shape evaluates every dim of the model). ``KeyError`` when a symbol is unbound.
+
+    Example:
+        >>> dim_function(sympy.floor(sym("h") / 2 - sympy.Rational(1, 2)) + 1)({"h": 9})
+        5
+    """
+    if isinstance(d, int):
+        return lambda b: d
+    try:
+        return eval(f"lambda b: {_python(d)}", {"max": max, "min": min})  # noqa: S307 (our own expression text)
+    except ValueError:  # an expression with no integer form: substitute
+        def substitute(b: Mapping[str, int]) -> int:
+            value = evaluate_dim(d, b)
+            if not isinstance(value, int):
+                raise KeyError(next(iter(dim_symbols([value]) - set(b)), str(value)))
+            return value
+        return substitute
 
 
 def dims_equal(a: Dim, b: Dim) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from egraft.ir.dims import evaluate_dim
+from egraft.ir.dims import dim_function, evaluate_dim
 from egraft.ir.types import TensorType
 
 #: The kernel families a roofline profile can weigh separately.
@@ -126,6 +126,11 @@ def resolve_shape(t: TensorType | None, bindings: Mapping[str, int]) -> tuple[in
         return None
     out = []
     for d in t.shape:
+        try:
+            out.append(max(int(dim_function(d)(bindings)), 0))  # every symbol bound: the fast path
+            continue
+        except KeyError:
+            pass
         d = evaluate_dim(d, bindings)
         if not isinstance(d, int):
             d = evaluate_dim(d, {s.name: default_dim(s.name) for s in d.free_symbols})
