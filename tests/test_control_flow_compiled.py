@@ -398,3 +398,32 @@ def test_ranks_a_run_shows_give_a_variant():
     for variant in variants:
         _assert_bodies_compiled(variant, 2)
         assert {s.node.op: s.kind for s in variant.steps}["Mul"] == "kernel"
+
+
+def test_opset8_scan_with_sequence_lengths():
+    """Opset-8 Scan: batched, each batch entry scanned over its own length (sequence_lens);
+    the body (a running sum times a captured scale) is compiled."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_out", "scale"], ["y_t"])],
+        "sum", [helper.make_tensor_value_info("s_in", F, [3]), helper.make_tensor_value_info("x_t", F, [3])],
+        [helper.make_tensor_value_info("s_out", F, [3]), helper.make_tensor_value_info("y_t", F, [3])])
+    nodes = [helper.make_node("Abs", ["scale0"], ["scale"]),
+             helper.make_node("Scan", ["lens", "s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1)]
+    model = _model(nodes, "scan8", [helper.make_tensor_value_info("lens", I64, ["batch"]),
+                                    helper.make_tensor_value_info("s0", F, ["batch", 3]),
+                                    helper.make_tensor_value_info("xs", F, ["batch", "seq", 3]),
+                                    helper.make_tensor_value_info("scale0", F, [3])],
+                   [helper.make_tensor_value_info("s", F, ["batch", 3]),
+                    helper.make_tensor_value_info("ys", F, ["batch", "seq", 3])], opset=8)
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    _assert_bodies_compiled(compiled, 1)
+    for batch, seq in ((1, 4), (3, 6)):
+        rng = np.random.default_rng(batch)
+        feeds = {"lens": rng.integers(1, seq + 1, batch).astype(np.int64),
+                 "s0": rng.normal(0, 1, (batch, 3)).astype(np.float32),
+                 "xs": rng.normal(0, 1, (batch, seq, 3)).astype(np.float32),
+                 "scale0": rng.normal(0, 1, 3).astype(np.float32)}
+        want_s, want_ys = _ort(model, feeds)
+        got = compiled.run(feeds)
+        np.testing.assert_allclose(got["s"], want_s, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["ys"], want_ys, rtol=1e-5, atol=1e-6)
