@@ -88,6 +88,13 @@ def test_sgemm_transposed_operands_and_packed_a(library, m, n, k):
     c2 = np.empty_like(c)
     library({"m": m, "n": n, "k": k, "a": packed, "a_packed": 1, "b": bt, "b_rs": 1, "b_cs": k, "c": c2, "ldc": n})
     np.testing.assert_array_equal(c2, c)
+    # B packed once (weights at compile time): the same product, every part of it
+    b = np.ascontiguousarray(bt.T)
+    for parts in (1, 2, 3):
+        c3 = np.full_like(c, np.nan)
+        library({"m": m, "n": n, "k": k, "a": at, "a_rs": 1, "a_cs": m, "b": sgemm.pack_b_constant(b), "b_packed": 1,
+                 "c": c3, "ldc": n}, parts=parts)
+        np.testing.assert_array_equal(c3, c)
 
 
 EPILOGUES = [

@@ -63,7 +63,7 @@ I8P = ir.IntType(8).as_pointer()
 FIELDS = (
     "m", "n", "k",
     "a", "a_rs", "a_cs", "a_packed",
-    "b", "b_rs", "b_cs",
+    "b", "b_rs", "b_cs", "b_packed",
     "conv", "k_off", "k_h", "k_w", "n_h", "n_w", "panel_run", "segments", "run_stride", "height", "width",
     "c", "ldc",
     "bias", "bias_kind",
@@ -135,6 +135,18 @@ def pack_a_constant(a: np.ndarray, mr: int | None = None) -> np.ndarray:
     padded = np.zeros((panels * mr, k), np.float32)
     padded[:m] = a
     return np.ascontiguousarray(padded.reshape(panels, mr, k).transpose(0, 2, 1)).reshape(-1)
+
+
+def pack_b_constant(b: np.ndarray, nr: int | None = None) -> np.ndarray:
+    """``b`` (``K x N``, float32) packed for ``b_packed = 1``: panel ``q`` holds columns
+    ``q*NR .. q*NR+NR-1`` as ``panel[k][j]`` (zero columns past ``N``), panels back to back:
+    weights packed once at compile time instead of on every call.
+
+    Example:
+        >>> pack_b_constant(np.arange(6, dtype=np.float32).reshape(3, 2), nr=4).reshape(3, 4)[1]
+        array([2., 3., 0., 0.], dtype=float32)
+    """
+    return pack_a_constant(np.ascontiguousarray(np.asarray(b, np.float32).T), nr or blocking().nr)
 
 
 # ---- the library module ------------------------------------------------------------------------------
@@ -387,7 +399,7 @@ def _library_module(blk: Blocking) -> str:
     mr, nr, kcb, mcb, ncb = blk.mr, blk.nr, blk.kc, blk.mc, blk.nc
     m, n, k = field("m"), field("n"), field("k")
     a, a_rs, a_cs, a_packed = fptr("a"), field("a_rs"), field("a_cs"), field("a_packed")
-    bmat, b_rs, b_cs = fptr("b"), field("b_rs"), field("b_cs")
+    bmat, b_rs, b_cs, b_packed = fptr("b"), field("b_rs"), field("b_cs"), field("b_packed")
     conv = field("conv")
     k_off, k_h, k_w, n_h, n_w, panel_run = (iptr(x) for x in ("k_off", "k_h", "k_w", "n_h", "n_w", "panel_run"))
     height, width = field("height"), field("width")
@@ -402,6 +414,7 @@ def _library_module(blk: Blocking) -> str:
     bbuf = scratch
     abuf = b.gep(scratch, [e.i64(kcb * ncb)])
     is_packed = b.icmp_signed("!=", a_packed, e.i64(0))
+    is_b_packed = b.icmp_signed("!=", b_packed, e.i64(0))
     is_conv = b.icmp_signed("!=", conv, e.i64(0))
 
     # ---- this part's rows [i_lo, i_hi) and columns [j_lo, j_hi) (whole MR / NR tiles)
@@ -434,8 +447,9 @@ def _library_module(blk: Blocking) -> str:
         with e.loop(0, k_blocks, name="pb") as pb:
             pc = b.mul(pb, k_step)
             kc = e.max(e.min(k_step, b.sub(k, pc)), e.i64(0))
-            _pack_b(e, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
-                    segments, run_stride, height, width)
+            with b.if_then(b.not_(is_b_packed)):
+                _pack_b(e, bbuf, jc, nc, pc, kc, bmat, b_rs, b_cs, is_conv, k_off, k_h, k_w, n_h, n_w, panel_run,
+                        segments, run_stride, height, width)
             first = b.icmp_signed("==", pb, e.i64(0))
             last = b.icmp_signed("==", pb, b.sub(k_blocks, e.i64(1)))
             with e.loop(i_lo, i_hi, mcb, name="ic") as ic:
@@ -443,9 +457,11 @@ def _library_module(blk: Blocking) -> str:
                 with b.if_then(b.not_(is_packed)):
                     _pack_a(e, abuf, ic, mc, pc, kc, a, a_rs, a_cs)
                 with e.loop(0, nc, nr, name="jr") as jr:
-                    bp = b.gep(bbuf, [b.mul(b.sdiv(jr, e.i64(nr)), b.mul(kc, e.i64(nr)))])
                     cols = e.min(e.i64(nr), b.sub(nc, jr))
                     j = b.add(jc, jr)
+                    b_packed_at = b.mul(b.add(b.mul(b.sdiv(j, e.i64(nr)), k), pc), e.i64(nr))
+                    bp = b.select(is_b_packed, b.gep(bmat, [b_packed_at]),
+                                  b.gep(bbuf, [b.mul(b.sdiv(jr, e.i64(nr)), b.mul(kc, e.i64(nr)))]))
                     with e.loop(0, mc, mr, name="ir") as ir_:
                         i = b.add(ic, ir_)
                         panel = b.sdiv(ir_, e.i64(mr))
