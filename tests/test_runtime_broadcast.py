@@ -222,3 +222,30 @@ def test_the_producers_unify_trusts_are_the_ones_lowering_checks():
     from egraft.lowering.compile import SIZED_BY_INPUT_VALUES
 
     assert CHECKED_PRODUCERS <= SIZED_BY_INPUT_VALUES
+
+
+def test_attention_whose_mask_and_batch_broadcast_at_run_time():
+    """egraft's Attention(Q, Kt, V, mask) = Softmax(Q @ Kt / 8 + mask) @ V with Q: [b, 2, s, 8] and
+    mask: [m, 1, s, s] (m is 1 or b, decided per call; the result is typed [b, 2, s, 8]), against
+    numpy in float64."""
+    node = helper.make_node("Attention", ["q", "kt", "v", "mask"], ["y"], domain="com.egraft", scale=1 / 8)
+    inputs = [("q", ["b", 2, "s", 8]), ("kt", ["b", 2, 8, "s"]), ("v", ["b", 2, "s", 8]), ("mask", ["m", 1, "s", "s"])]
+    graph = helper.make_graph([node], "attention", [helper.make_tensor_value_info(n, F, shape) for n, shape in inputs],
+                              [helper.make_tensor_value_info("y", F, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.egraft", 1)])
+    compiled = egraft.compile(m.SerializeToString(), use_cache=False, rewrite=False)
+    for b, mm, s in [(1, 1, 5), (3, 1, 5), (3, 3, 4)]:
+        assert compiled.report({"b": b, "m": mm, "s": s}).fallbacks == []
+        feeds = {"q": rand(b, b, 2, s, 8), "kt": rand(b + 1, b, 2, 8, s), "v": rand(b + 2, b, 2, s, 8),
+                 "mask": rand(mm, mm, 1, s, s)}
+        q, kt, v, mask = (feeds[k].astype(np.float64) for k in ("q", "kt", "v", "mask"))
+        scores = q @ kt / 8 + mask
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        want = (p / p.sum(-1, keepdims=True)) @ v
+        got = compiled.run(feeds)["y"]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InputError, match=r"Attention \(unnamed\): an operand's dim m = 3 \(axis 0\) is neither 1 nor "
+                                         r"the result's dim b = 1"):
+        compiled.run({"q": rand(0, 1, 2, 4, 8), "kt": rand(1, 1, 2, 8, 4), "v": rand(2, 1, 2, 4, 8),
+                      "mask": rand(3, 3, 1, 4, 4)})

@@ -517,12 +517,14 @@ def attention(ctx: KernelContext) -> None:
         raise Unsupported("Attention operands of rank < 2")
     batch = list(out_shape[:-2])
     s_len, d_len, t_len, dv_len = q_shape[-2], q_shape[-1], kt_shape[-1], v_shape[-1]
-    q = broadcast_strides(q_shape, (*batch, s_len, d_len))
-    kt = broadcast_strides(kt_shape, (*batch, d_len, t_len))
-    v = broadcast_strides(v_shape, (*batch, t_len, dv_len))
+    guards = ctx.broadcast_guards  # batch dims (and the mask's) may broadcast at run time
+    q = broadcast_strides(q_shape, (*batch, s_len, d_len), guards)
+    kt = broadcast_strides(kt_shape, (*batch, d_len, t_len), guards)
+    v = broadcast_strides(v_shape, (*batch, t_len, dv_len), guards)
     out = broadcast_strides(out_shape, out_shape)
     has_mask = ctx.has_input(3)
-    mask = broadcast_strides(ctx.shape(ctx.in_type(3)), (*batch, s_len, t_len)) if has_mask else [0] * (len(batch) + 2)
+    mask = broadcast_strides(ctx.shape(ctx.in_type(3)), (*batch, s_len, t_len), guards) if has_mask \
+        else [0] * (len(batch) + 2)
     pq, pk, pv, py = ctx.in_ptr(0), ctx.in_ptr(1), ctx.in_ptr(2), ctx.out_ptr(0)
     pm = ctx.in_ptr(3) if has_mask else None
     scale = ir.Constant(t, float(ctx.attr("scale", 1.0)))
