@@ -461,10 +461,9 @@ def test_layout_to_and_from_blocked(shape, block, dtype):
 def test_runtime_parameters_fall_back_with_a_reason():
     x = _values((3, 4), np.float32)
     model = _model("Slice", {"x": x, "s": np.array([1], np.int64), "e": np.array([3], np.int64)}, np.float32)
-    fallbacks = compile_graph(egraft.load(model)).report().fallbacks
-    assert len(fallbacks) == 1 and "starts is computed at run time" in fallbacks[0][2]
+    assert not compile_graph(egraft.load(model)).report().fallbacks  # computed starts: read when the kernel runs
     feeds = {"x": x, "s": np.array([1], np.int64), "e": np.array([3], np.int64)}
-    check_compiled(model, feeds, generated=False, rtol=0, atol=0)
+    check_compiled(model, feeds, rtol=0, atol=0)
     model = _model("Tile", {"x": x, "r": np.array([2, 1], np.int64)}, np.float32)
     fallbacks = compile_graph(egraft.load(model)).report().fallbacks
     assert len(fallbacks) == 1 and "repeats" in fallbacks[0][2]

@@ -38,7 +38,7 @@ from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
 from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, imin, is_float, llvm_type
-from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN, BIAS_PER_ROW, Epilogue, emit_call
+from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN, BIAS_PER_ROW, Epilogue, blocking, emit_call
 
 #: Output columns per cache block of the axpy form (a block of ``b`` is BLOCK_K x BLOCK_N).
 BLOCK_N = 128
@@ -189,7 +189,8 @@ def uses_library(out: ir.Value, m: Dim, n: Dim, k: Dim) -> bool:
 
 def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_offset: ir.Value,
               out: ir.Value, out_offset: ir.Value, m: Dim, n: Dim, k: Dim,
-              epilogue: Epilogue | None = None, parallel: bool = False) -> bool:
+              epilogue: Epilogue | None = None, parallel: bool = False,
+              b_weights: tuple[int, bool] | None = None) -> bool:
     """``out[out_offset + i * n + j] = sum_k a[i, k] * b[k, j]`` for ``i < m``, ``j < n``
     (the output block is contiguous, row-major).
 
@@ -202,6 +203,10 @@ def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
             block's bias and residual).
         parallel: the library call computes only the kernel's share (see
             :func:`egraft.kernels.cpu.sgemm.emit_call`).
+        b_weights: ``(input index, transposed)`` when ``b`` is that constant input read
+            whole (a weight ``[K, N]``, or ``[N, K]`` transposed, leading dims 1): the
+            library then reads it packed at compile time (``b_packed``), not packed again
+            on every call, and the kernel does not read the weight itself.
 
     Returns:
         True when the library computed the product (and applied ``epilogue``); False when
@@ -213,9 +218,15 @@ def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
     """
     if uses_library(out, m, n, k):
         bld = ctx.builder
+        b_fields = {"b": bld.gep(b.ptr, [b_offset]), "b_rs": b.row_stride, "b_cs": b.col_stride}
+        if b_weights is not None and ctx.constant(b_weights[0]) is not None:
+            index, transposed = b_weights
+            packed, _ = ctx.packed_constant("packed_b", "sgemm.b_panels", index, transposed=transposed,
+                                            nr=blocking().nr)
+            b_fields = {"b": packed, "b_packed": 1}
+            ctx.table_names.discard(ctx.node.inputs[index].name)  # read through its packed copy only
         emit_call(ctx, {"m": m, "n": n, "k": k, "a": bld.gep(a.ptr, [a_offset]), "a_rs": a.row_stride,
-                        "a_cs": a.col_stride, "b": bld.gep(b.ptr, [b_offset]), "b_rs": b.row_stride,
-                        "b_cs": b.col_stride, "c": bld.gep(out, [out_offset]), "ldc": n},
+                        "a_cs": a.col_stride, **b_fields, "c": bld.gep(out, [out_offset]), "ldc": n},
                   epilogue or Epilogue(), parallel=parallel)
         return True
     dot_form = dim_is(a.col_stride, 1) and dim_is(b.row_stride, 1) and (not dim_is(b.col_stride, 1) or dim_is(n, 1))
@@ -374,6 +385,9 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
     stack of matrices, the batch is folded into the rows: one larger product.
     """
     batch, (a_batch, b_batch), a, b, m, n, k = matmul_operands(ctx)
+    b_shape = ctx.shape(ctx.in_type(1))
+    weights = (1, False) if ctx.constant(1) is not None and len(b_shape) >= 2 \
+        and all(dim_is(d, 1) for d in b_shape[:-2]) else None  # one matrix, read by every batch
     out = ctx.out_ptr(0)
     zero = ir.Constant(I64, 0)
     a_shape = ctx.shape(ctx.in_type(0))
@@ -382,15 +396,17 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
     if batch and a_stacked and all(dim_is(s, 0) for s in b_batch):
         rows = sympy.expand(sympy.Mul(*batch, m))
         a = Matrix(a.ptr, k, a.col_stride)  # the folded rows are k apart (matmul_operands gives a one-row a stride 0)
-        used = emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None)
+        used = emit_gemm(ctx, a, zero, b, zero, out, zero, rows, n, k, epilogue, parallel=epilogue is not None,
+                         b_weights=weights)
         return used and epilogue is not None
     if not batch:
-        used = emit_gemm(ctx, a, zero, b, zero, out, zero, m, n, k, epilogue, parallel=epilogue is not None)
+        used = emit_gemm(ctx, a, zero, b, zero, out, zero, m, n, k, epilogue, parallel=epilogue is not None,
+                         b_weights=weights)
         return used and epilogue is not None
     out_batch = broadcast_strides([*batch, m, n], [*batch, m, n])[:-2]
     plain = epilogue is not None and epilogue == Epilogue()
     with strided_loops(ctx, batch, [a_batch, b_batch, out_batch]) as (a_off, b_off, out_off):
-        emit_gemm(ctx, a, a_off, b, b_off, out, out_off, m, n, k, None, parallel=plain)
+        emit_gemm(ctx, a, a_off, b, b_off, out, out_off, m, n, k, None, parallel=plain, b_weights=weights)
     return plain
 
 
@@ -475,8 +491,9 @@ def emit_gemm_node(ctx: KernelContext) -> None:
             epilogue = _fused_epilogue(ctx, 2, None, alpha)
         if epilogue is None:  # C as a (scaled) residual, or Z
             epilogue = _fused_epilogue(ctx, None, 2 if has_c else (3 if has_z else None), alpha, beta if has_c else 1.0)
-    if emit_gemm(ctx, a, zero, b, zero, ctx.out_ptr(0), zero, m, n, k, epilogue, parallel=epilogue is not None) \
-            and epilogue is not None:
+    weights = (1, bool(ctx.attr("transB", 0))) if ctx.constant(1) is not None else None
+    if emit_gemm(ctx, a, zero, b, zero, ctx.out_ptr(0), zero, m, n, k, epilogue, parallel=epilogue is not None,
+                 b_weights=weights) and epilogue is not None:
         return
     addends = []
     if has_c:

@@ -48,7 +48,7 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 
-from egraft.kernels.cpu.emit import masked_load, splat
+from egraft.kernels.cpu.emit import masked_load, register_packing, splat
 from egraft.kernels.cpu.llvm import JitModule, host_cpu, host_vector_bits
 
 F32 = ir.FloatType()
@@ -135,6 +135,21 @@ def pack_a_constant(a: np.ndarray, mr: int | None = None) -> np.ndarray:
     padded = np.zeros((panels * mr, k), np.float32)
     padded[:m] = a
     return np.ascontiguousarray(padded.reshape(panels, mr, k).transpose(0, 2, 1)).reshape(-1)
+
+
+@register_packing("sgemm.b_panels", gather=True)
+def pack_b_weights(w: np.ndarray, transposed: bool, nr: int) -> np.ndarray:
+    """A product's constant ``B`` as the library reads it with ``b_packed``: the weight
+    ``[..., K, N]`` (leading dims 1), or ``[..., N, K]`` when ``transposed``, in panels of ``nr``
+    columns (:func:`pack_b_constant`).
+
+    Example:
+        >>> pack_b_weights(np.arange(6, dtype=np.float32).reshape(2, 3), True, 4)[:4]
+        array([0., 3., 0., 0.], dtype=float32)
+    """
+    w = np.asarray(w, np.float32)
+    w = w.reshape(w.shape[-2:])
+    return pack_b_constant(w.T if transposed else w, nr)
 
 
 def pack_b_constant(b: np.ndarray, nr: int | None = None) -> np.ndarray:
