@@ -92,6 +92,8 @@ def _report_table(compiled, seconds: float) -> None:
     table.add_column("value", justify="right")
     table.add_row("kernels (generated code)", str(report.kernels))
     table.add_row("views (no data moved)", str(report.views))
+    if report.controls:
+        table.add_row("If/Loop/Scan with compiled bodies", str(report.controls))
     table.add_row("on reference kernels", str(len(report.fallbacks)))
     if report.peak_bytes is not None:
         at = ", ".join(f"{k}={v}" for k, v in report.bindings.items())
@@ -142,7 +144,7 @@ def compile_command(
         seconds = time.perf_counter() - start
         report = compiled.report()
         document = {
-            "model": model, "kernels": report.kernels, "views": report.views,
+            "model": model, "kernels": report.kernels, "views": report.views, "controls": report.controls,
             "fallbacks": [{"node": n, "op": o, "reason": r} for n, o, r in report.fallbacks],
             "peak_bytes": report.peak_bytes, "no_reuse_bytes": report.no_reuse_bytes, "bindings": report.bindings,
             "seconds": round(seconds, 4), "stages": {k: round(v, 4) for k, v in report.seconds.items()},

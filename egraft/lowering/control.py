@@ -288,8 +288,8 @@ class RankedVariants:
         try:
             tag = hashlib.blake2b(repr(key).encode(), digest_size=3).hexdigest()
             variant = compile_lowered(lower(ranked_graph(self.graph, dict(key), f"_v{tag}_")))
-        except EgraftError:
-            return  # the generic program keeps serving
+        except Exception:  # a variant only saves time: whatever stops it, the generic program keeps serving
+            return
         with self._lock:
             self.variants[key] = self.current = variant
 
