@@ -11,6 +11,7 @@ onnxruntime on its sequence-major twin, inputs and outputs transposed.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -169,6 +170,28 @@ def test_the_layer_is_a_kernel_and_matches_onnxruntime_at_every_size(compiled_ca
             assert got[name].dtype == value.dtype
             np.testing.assert_allclose(got[name], value, rtol=tolerance, atol=tolerance,
                                        err_msg=f"{name} at seq={seq}, batch={batch}")
+
+
+@pytest.mark.parametrize("case", [Case("GRU", "bidirectional", lens=True, initial=True,
+                                       attrs={"linear_before_reset": 1}),
+                                  Case("LSTM", "bidirectional", layout=1, lens=True, peepholes=True)],
+                         ids=lambda c: c.label)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_bidirectional_layer_splits_its_directions_over_threads(monkeypatch, case, threads):
+    """Big enough to be split, each direction runs on its own part (a third part has none)."""
+    from egraft.lowering.runtime import MIN_PARALLEL_WORK
+
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "INPUT", 48)
+    monkeypatch.setattr(module, "HIDDEN", 40)
+    compiled = egraft.compile(build(case).SerializeToString(), use_cache=False)
+    compiled.threads = threads
+    seq, batch = 24, 3
+    assert max(compiled.parallel_work({"seq": seq, "batch": batch}).values()) >= MIN_PARALLEL_WORK
+    feeds = feeds_for(case, seq, batch)
+    got, want = compiled.run(feeds), onnxruntime_outputs(case, feeds)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_computed_weights_fall_back_with_the_reason():

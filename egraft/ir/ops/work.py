@@ -131,6 +131,23 @@ def _moves(family: str):
     return work
 
 
+#: Operations per gate column per time step besides the products (bias adds, activation, state update).
+_RECURRENT_GATE_OPS = 4
+
+
+def _recurrent(ctx: WorkContext) -> Work:
+    """RNN, GRU, LSTM (and the quantized LSTM): ``X`` ``[seq, batch, input]`` (or batch-major)
+    times ``W`` and every step's state times ``R``, 2 flops per multiply-add, for every
+    direction (``W`` and ``R`` hold ``input`` and ``hidden`` weights for each of the
+    ``num_dir * gates * hidden`` gate columns, in either layout), plus the gate arithmetic."""
+    x, w, r = ctx.inputs[0], ctx.inputs[1], ctx.inputs[2]
+    if x is None or w is None or r is None or len(x) != 3 or len(r) != 3:
+        return Work(float(ctx.out_elems), "gemm")
+    steps = x[0] * x[1]  # seq * batch
+    columns = r[0] * max(r[1], r[2])
+    return Work(2.0 * steps * (math.prod(w) + math.prod(r)) + _RECURRENT_GATE_OPS * steps * columns, "gemm")
+
+
 def _view(ctx: WorkContext) -> Work:
     return Work(0.0, "view", reads=0.0, writes=0.0, launches=0)
 
@@ -150,6 +167,9 @@ def _register() -> None:
         register_work(op, _matmul(99))
     register_work("FusedMatMul", _matmul(2), EGRAFT)
     register_work("Attention", _attention, EGRAFT)
+    for op in ("RNN", "GRU", "LSTM"):
+        register_work(op, _recurrent)
+    register_work("DynamicQuantizeLSTM", _recurrent, "com.microsoft")
     register_work("Elementwise", _elementwise_body, EGRAFT)
     for op in ("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
                "ReduceProd", "ReduceSum", "ReduceSumSquare", "ArgMax", "ArgMin", "GlobalAveragePool",

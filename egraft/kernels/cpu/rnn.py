@@ -401,7 +401,7 @@ class _Emitter:
 
 def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
     e = _Emitter(ctx, layer)
-    b, t, h, gh, nd = e.b, e.t, e.h, e.gh, layer.num_dir
+    b, t, nd = e.b, e.t, layer.num_dir
     outputs = ctx.node.outputs
     has_out = [j < len(outputs) and outputs[j] is not None for j in range(3)]
     y = ctx.out_ptr(0) if has_out[0] else None
@@ -420,26 +420,10 @@ def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
     rb = ctx.derived_constant("rb", layer.rb.reshape(-1))
     p = ctx.derived_constant("p", layer.p.reshape(-1)) if layer.p is not None else None
 
-    # XW = X @ W^T for every time step and direction: [seq*batch, num_dir*G*H]
-    width = nd * gh
-    rows = b.mul(e.seq, e.batch)
-    xw = heap_buffer(ctx, t, b.mul(rows, const64(width)))
-    zero = const64(0)
-    x_quantized = None
     if layer.quantized:
-        x_quantized = heap_buffer(ctx, t, b.mul(rows, ctx.dim(e.input_dim)))
-        e.x_scale = e.quantize(x, b.mul(rows, ctx.dim(e.input_dim)), x_quantized)
         e.w_scale = ctx.derived_constant("w_scale", layer.w_scale.reshape(-1))
         e.r_scale = ctx.derived_constant("r_scale", layer.r_scale.reshape(-1))
         e.h_scale = ctx.alloca(t, name="h.scale")
-        e.quantized_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
-    emit_gemm(ctx, Matrix(x if x_quantized is None else x_quantized, e.input_dim, 1), zero, Matrix(w_t, width, 1),
-              zero, xw, zero, sympy.sympify(e.seq_dim) * e.batch_dim, width, e.input_dim)
-
-    state_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
-    state_c = heap_buffer(ctx, t, b.mul(e.batch, const64(h))) if layer.kind == "LSTM" else None
-    acc = heap_buffer(ctx, t, const64(gh))
-    scaled = heap_buffer(ctx, t, const64(h)) if layer.kind == "GRU" and not layer.linear_before_reset else None
 
     def sequence_length(bi: ir.Value) -> ir.Value:
         """``sequence_lens[bi]`` within ``[0, seq]``."""
@@ -447,52 +431,83 @@ def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
         length = b.sext(length, I64) if length.type != I64 else length
         return imin(b, imax(b, length, const64(0)), e.seq)
 
+    # The directions are independent: with two, each part of a parallel call runs its share.
+    first, last = ctx.share(nd) if nd > 1 else (const64(0), const64(1))
     for d in range(nd):
-        # the initial states
-        with ctx.loop(e.batch, name="b0") as bi:
-            own = b.mul(bi, const64(h))
-            given = e.state_offset(d, bi)
-            with ctx.loop(h, name="j0") as j:
-                for src, dst in ((h0, state_h), (c0, state_c)):
-                    if dst is None:
-                        continue
-                    value = e.c(0) if src is None else e.load(src, b.add(given, j))
-                    e.store(value, dst, b.add(own, j))
-        with ctx.loop(e.seq, name="s") as s:
-            if layer.quantized:  # this step's hidden states, every batch entry, quantized together
-                b.store(e.quantize(state_h, b.mul(e.batch, const64(h)), e.quantized_h), e.h_scale)
-            with ctx.loop(e.batch, name="b") as bi:
-                length = e.seq if lens is None else sequence_length(bi)
-                live = None if lens is None else b.icmp_signed("<", s, length)
-                step = b.sub(b.sub(length, const64(1)), s) if layer.reverse[d] else s
+        mine = b.and_(b.icmp_signed("<=", first, const64(d)), b.icmp_signed(">", last, const64(d)))
+        with b.if_then(mine):
+            _emit_direction(e, d, x, None if lens is None else sequence_length, h0, c0, y, y_h, y_c,
+                            w_t, r_t, wb, rb, p)
 
-                def run_cell(d=d, step=step, bi=bi) -> None:
-                    xrow = b.add(b.mul(e.x_row(step, bi), const64(width)), const64(d * gh))
-                    _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi,
-                          y, e.y_offset(step, d, bi) if y is not None else None)
 
-                if live is None:
-                    run_cell()
-                else:
-                    with b.if_else(live) as (then, otherwise):
-                        with then:
-                            run_cell()
-                        with otherwise:
-                            if y is not None:  # past the sequence's end: Y is zero
-                                out = e.y_offset(s, d, bi)
-                                with ctx.loop(h, name="jz") as j:
-                                    e.store(e.c(0), y, b.add(out, j))
-        # the final states (zero for an empty sequence, as onnxruntime writes them)
-        with ctx.loop(e.batch, name="b1") as bi:
-            own = b.mul(bi, const64(h))
-            given = e.state_offset(d, bi)
-            empty = None if lens is None else b.icmp_signed("==", sequence_length(bi), const64(0))
-            with ctx.loop(h, name="j1") as j:
-                for src, dst in ((state_h, y_h), (state_c, y_c)):
-                    if dst is not None:
-                        value = e.load(src, b.add(own, j))
-                        value = value if empty is None else b.select(empty, e.c(0), value)
-                        e.store(value, dst, b.add(given, j))
+def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c, w_t, r_t, wb, rb, p) -> None:
+    """Direction ``d``: its input projection, initial states, time steps and final states,
+    in heap buffers of its own."""
+    ctx, layer = e.ctx, e.layer
+    b, t, h, gh = e.b, e.t, e.h, e.gh
+    # XW = X @ W_d^T for every time step: [seq*batch, G*H]
+    rows = b.mul(e.seq, e.batch)
+    xw = heap_buffer(ctx, t, b.mul(rows, const64(gh)))
+    zero = const64(0)
+    x_quantized = None
+    if layer.quantized:
+        x_quantized = heap_buffer(ctx, t, b.mul(rows, ctx.dim(e.input_dim)))
+        e.x_scale = e.quantize(x, b.mul(rows, ctx.dim(e.input_dim)), x_quantized)
+        e.quantized_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
+    emit_gemm(ctx, Matrix(x if x_quantized is None else x_quantized, e.input_dim, 1), zero,
+              Matrix(b.gep(w_t, [const64(d * gh)]), layer.num_dir * gh, 1), zero, xw, zero,
+              sympy.sympify(e.seq_dim) * e.batch_dim, gh, e.input_dim)
+
+    state_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
+    state_c = heap_buffer(ctx, t, b.mul(e.batch, const64(h))) if layer.kind == "LSTM" else None
+    acc = heap_buffer(ctx, t, const64(gh))
+    scaled = heap_buffer(ctx, t, const64(h)) if layer.kind == "GRU" and not layer.linear_before_reset else None
+
+    # the initial states
+    with ctx.loop(e.batch, name="b0") as bi:
+        own = b.mul(bi, const64(h))
+        given = e.state_offset(d, bi)
+        with ctx.loop(h, name="j0") as j:
+            for src, dst in ((h0, state_h), (c0, state_c)):
+                if dst is None:
+                    continue
+                value = e.c(0) if src is None else e.load(src, b.add(given, j))
+                e.store(value, dst, b.add(own, j))
+    with ctx.loop(e.seq, name="s") as s:
+        if layer.quantized:  # this step's hidden states, every batch entry, quantized together
+            b.store(e.quantize(state_h, b.mul(e.batch, const64(h)), e.quantized_h), e.h_scale)
+        with ctx.loop(e.batch, name="b") as bi:
+            length = e.seq if sequence_length is None else sequence_length(bi)
+            live = None if sequence_length is None else b.icmp_signed("<", s, length)
+            step = b.sub(b.sub(length, const64(1)), s) if layer.reverse[d] else s
+
+            def run_cell(step=step, bi=bi) -> None:
+                xrow = b.mul(e.x_row(step, bi), const64(gh))
+                _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi,
+                      y, e.y_offset(step, d, bi) if y is not None else None)
+
+            if live is None:
+                run_cell()
+            else:
+                with b.if_else(live) as (then, otherwise):
+                    with then:
+                        run_cell()
+                    with otherwise:
+                        if y is not None:  # past the sequence's end: Y is zero
+                            out = e.y_offset(s, d, bi)
+                            with ctx.loop(h, name="jz") as j:
+                                e.store(e.c(0), y, b.add(out, j))
+    # the final states (zero for an empty sequence, as onnxruntime writes them)
+    with ctx.loop(e.batch, name="b1") as bi:
+        own = b.mul(bi, const64(h))
+        given = e.state_offset(d, bi)
+        empty = None if sequence_length is None else b.icmp_signed("==", sequence_length(bi), const64(0))
+        with ctx.loop(h, name="j1") as j:
+            for src, dst in ((state_h, y_h), (state_c, y_c)):
+                if dst is not None:
+                    value = e.load(src, b.add(own, j))
+                    value = value if empty is None else b.select(empty, e.c(0), value)
+                    e.store(value, dst, b.add(given, j))
     for buffer in (xw, state_h, state_c, acc, scaled, x_quantized, e.quantized_h):
         if buffer is not None:
             heap_free(ctx, buffer)
