@@ -243,3 +243,23 @@ def test_slice_length_inferred_from_computed_starts_is_checked_before_the_kernel
         _check(model, compiled, {"x": np.random.default_rng(m).normal(0, 1, (n, m)).astype(np.float32)})
     with pytest.raises(egraft.errors.ExecutionError, match=r"Slice .*output 0 has shape \[3, 1\], expected"):
         compiled.run({"x": np.zeros((3, 1), np.float32)})
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float64])
+def test_scatter_and_gather_of_other_dtypes(dtype):
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [helper.make_node("ScatterElements", ["data", "idx", "upd"], [f"se_{r}"], axis=1, reduction=r)
+             for r in ("add", "max", "min")]
+    nodes.append(helper.make_node("GatherND", ["data", "gidx"], ["gnd"], batch_dims=1))
+    inputs = [helper.make_tensor_value_info("data", elem, ["n", 5]),
+              helper.make_tensor_value_info("idx", TensorProto.INT32, ["n", "k"]),
+              helper.make_tensor_value_info("upd", elem, ["n", "k"]),
+              helper.make_tensor_value_info("gidx", I64, ["n", 1])]
+    outputs = [helper.make_tensor_value_info(n, elem, None) for n in ("se_add", "se_max", "se_min", "gnd")]
+    model = _model(nodes, inputs, outputs)
+    compiled = _build(model, {"ScatterElements", "GatherND"})
+    for n, k in ((3, 7), (6, 2)):
+        rng = np.random.default_rng(n * k)
+        feeds = {"data": (rng.normal(0, 50, (n, 5))).astype(dtype), "idx": rng.integers(-5, 5, (n, k)).astype(np.int32),
+                 "upd": (rng.normal(0, 50, (n, k))).astype(dtype), "gidx": rng.integers(-5, 5, (n, 1))}
+        _check(model, compiled, feeds)
