@@ -4,14 +4,16 @@ kernels in :mod:`egraft.ir.ops.recurrent` (directions, ``sequence_lens``, initia
 ``clip``, the activation list with its alphas and betas, LSTM peepholes and
 ``input_forget``, GRU ``linear_before_reset``, ``layout`` 0 and 1).
 
-The kernel computes, for every direction at once, the input projection of all time
-steps as one product ``XW = X @ W^T`` (``seq*batch`` rows, ``num_directions*gates*hidden``
-columns) on the GEMM library (:func:`egraft.kernels.cpu.gemm.emit_gemm`; ``W^T`` packed at
-compile time), into a heap buffer of the call (``seq`` and ``batch`` are symbolic). Then,
-one direction after the other, time step after time step, each batch entry's gates are
-``XW[t, b] + Wb + Rb + h @ R^T``: the recurrent product is a loop over ``hidden`` that adds
-four rows of the packed ``R^T`` at a time to the gate accumulators (a contiguous loop
-over the gate columns that LLVM vectorizes), followed by the gate nonlinearities.
+Each direction computes the input projection of all its time steps as one product
+``XW = X @ W_d^T`` (``seq*batch`` rows, ``gates*hidden`` columns) on the GEMM library
+(:func:`egraft.kernels.cpu.gemm.emit_gemm`; ``W^T`` laid out at compile time), into a heap
+buffer of the call (``seq`` and ``batch`` are symbolic). Then, time step after time step,
+each batch entry's gates are ``XW[t, b] + Wb + Rb + h @ R^T``: the recurrent product is
+a loop over ``hidden`` that adds four rows of ``R^T`` at a time to the gate accumulators
+(a contiguous loop over the gate columns that LLVM vectorizes), followed by the gate
+nonlinearities (float32 tanh and sigmoid by a rational approximation, so they vectorize
+too). The two directions of a bidirectional layer are independent: the kernel is
+parallel, each part running its share of the directions.
 
 Constant weights are required (``W``, ``R``, ``B``, ``P``; the quantized LSTM's scales and
 zero points too). ``DynamicQuantizeLSTM`` computes what onnxruntime computes: its int8
