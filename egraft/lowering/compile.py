@@ -37,7 +37,7 @@ from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.kernels.cpu import find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
-from egraft.lowering.control import is_control, lower_bodies
+from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
 from egraft.lowering.memory import BufferSpec
 
 #: Ops whose output is its input's storage, reshaped.
@@ -166,6 +166,7 @@ def _nbytes(v: Value):
 def lower(graph: Graph) -> Lowered:
     """Schedule ``graph``, plan its storage and emit its kernels (not yet compiled)."""
     start = time.perf_counter()
+    graph = inline_constant_ifs(graph)  # an If whose condition is known is its branch
     values: list[Value] = list(graph.inputs)
     for node in graph.nodes:
         values.extend(v for v in node.inputs if v is not None and v.const is not None)

@@ -89,6 +89,56 @@ def body_graph(node: Node, attr: str, body: Graph, where: str = "") -> Graph:
     return _folded(graph)
 
 
+def inline_constant_ifs(graph: Graph) -> Graph:
+    """``graph`` with each If whose condition is known when compiling (a constant, or shape
+    arithmetic that inference evaluated) replaced by the nodes of the branch it takes, the
+    captured values read from the node's inputs, and an Identity per output (a view). Only
+    when the branch's output types are the If's (else the If stays a control step).
+
+    Example: ``y = If(true) {then: Squeeze(x, -1)}`` becomes ``t = Squeeze(x, -1); y = Identity(t)``.
+    """
+    nodes: list[Node] = []
+    constants, known = graph.constants, graph.known_values
+    for index, node in enumerate(graph.nodes):
+        cond = _known_condition(graph, node)
+        if cond is None:
+            nodes.append(node)
+            continue
+        attr = "then_branch" if cond else "else_branch"
+        branch = body_graph(node, attr, node.attrs[attr], f"{graph.name}#{index}")
+        outer = {v.name: o for v, o in zip(node_captures(node), node.inputs[onnx_input_count(node):])}
+        if len(branch.outputs) != len(node.outputs) or any(v.name not in outer for v in branch.inputs) or any(
+                o is not None and b.type != o.type for b, o in zip(branch.outputs, node.outputs)):
+            nodes.append(node)
+            continue
+        if constants is graph.constants:  # copies, once: the branch may bring folded constants
+            constants, known = dict(graph.constants), dict(graph.known_values)
+        constants.update(branch.constants)
+        known.update(branch.known_values)
+        rename = {v.name: outer[v.name] for v in branch.inputs}
+        for inner in branch.nodes:
+            inputs = tuple(None if v is None else rename.get(v.name, v) for v in inner.inputs)
+            nodes.append(inner.replace(inputs=inputs))
+        for k, (b, o) in enumerate(zip(branch.outputs, node.outputs)):
+            if o is not None:
+                nodes.append(Node("Identity", (rename.get(b.name, b),), (o,), {}, f"{node.name or 'If'}/{attr}/{k}"))
+    if len(nodes) == len(graph.nodes) and all(a is b for a, b in zip(nodes, graph.nodes)):
+        return graph
+    return Graph(graph.name, list(graph.inputs), list(graph.outputs), nodes, constants=constants,
+                 opsets=dict(graph.opsets), known_values=known, doc=graph.doc)
+
+
+def _known_condition(graph: Graph, node: Node) -> bool | None:
+    """The condition of an If node when it is known when compiling, else ``None``."""
+    if node.op != "If" or not is_control(node) or not node.inputs or node.inputs[0] is None:
+        return None
+    v = node.inputs[0]
+    value = graph.constants[v.const] if v.const is not None else graph.known_values.get(v.name)
+    if value is None or value.dtype == object or value.size != 1:
+        return None
+    return bool(np.asarray(value).reshape(-1)[0])
+
+
 #: A body's constant computations larger than this (elements) are left to run time.
 MAX_FOLDED_ELEMENTS = 1 << 24
 
@@ -295,4 +345,4 @@ class RankedVariants:
 
 
 __all__ = ["CONTROL_OPS", "MAX_VARIANTS", "ControlBodies", "RankGuard", "RankedVariants", "body_graph",
-           "empty_like_type", "is_control", "lower_bodies", "node_bodies", "ranked_graph"]
+           "empty_like_type", "inline_constant_ifs", "is_control", "lower_bodies", "node_bodies", "ranked_graph"]
