@@ -191,17 +191,17 @@ def test_conv_integer_matches_onnxruntime(kernel, stride, pad, group):
 
 def test_conv_integer_per_channel_weight_zero_point_against_numpy():
     """A per-output-channel w_zero_point (the ONNX spec allows it; onnxruntime takes a scalar
-    one) against the int64 definition."""
+    one) against the int64 definition; 27 taps (an odd depth)."""
     rng = np.random.default_rng(9)
-    w = _ints(rng, np.int8, (3, 2, 3, 3))
+    w = _ints(rng, np.int8, (3, 3, 3, 3))
     w_zero = np.array([-5, 0, 9], np.int8)
     model = _model([helper.make_node("ConvInteger", ["x", "w", "", "w_zero"], ["y"], pads=[1, 1, 1, 1])],
-                   [("x", I8, [1, 2, "h", "w"])], [("y", I32, None)],
+                   [("x", I8, [1, 3, "h", "w"])], [("y", I32, None)],
                    [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_zero, "w_zero")])
     compiled = egraft.compile(model.SerializeToString(), use_cache=False)
     for h, wd in [(4, 5), (9, 2)]:
         assert not compiled.report({"h": h, "w": wd}).fallbacks
-        x = _ints(rng, np.int8, (1, 2, h, wd))
+        x = _ints(rng, np.int8, (1, 3, h, wd))
         xp = np.pad(x.astype(np.int64), [(0, 0), (0, 0), (1, 1), (1, 1)])
         ws = w.astype(np.int64) - w_zero.astype(np.int64)[:, None, None, None]
         want = np.zeros((1, 3, h, wd), np.int64)

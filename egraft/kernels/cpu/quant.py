@@ -331,15 +331,88 @@ def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, .
     return tuple(int(v) for v in flat)
 
 
+def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Value, k: int, n: int,
+                    rows: ir.Value, pack_row, store_row) -> None:
+    """``out[r, :n] = rows_of_A[r, :k] @ B`` over ``rows`` rows, B constant in the int16 panels of
+    :func:`pack_integer_panels` at ``panels_ptr``; the thread computes its share of the panels.
+
+    Per tile of ``product.rows`` rows: ``pack_row(row, put)`` gives the row's ``k`` values of A
+    (minus zero points) by calling ``put(column, value_i32)`` (column an ``i64``), which writes
+    them as int16 to the tile in the thread's scratch (little-endian: two columns read as one
+    int32 pair); then for each panel the tile's outputs accumulate in registers and
+    ``store_row(row, column, valid, lanes)`` writes ``valid`` outputs of the row from
+    ``column`` on (``lanes``: an ``i32*`` holding the panel's ``nr`` values, or ``None`` with
+    ``vectors`` given for a whole panel; see :func:`matmul_integer`)."""
+    b = ctx.builder
+    width, mr, vectors = product.lanes, product.rows, 2
+    nr, pairs = vectors * width, -(-k // 2)
+    tile16 = b.bitcast(ctx.scratch, I16.as_pointer())
+    tile32 = b.bitcast(ctx.scratch, I32.as_pointer())
+    panels = -(-n // nr)
+    vt32, vt16 = ir.VectorType(I32, width), ir.VectorType(I16, 2 * width)
+    bp = b.bitcast(panels_ptr, I16.as_pointer())
+    lo, hi = ctx.share(panels)
+
+    def pack_rows(r0: ir.Value, size: int) -> None:
+        for i in range(size):
+            start = const64(i * 2 * pairs)
+
+            def put(column: ir.Value, value: ir.Value, start=start) -> None:
+                b.store(b.trunc(value, I16), b.gep(tile16, [b.add(start, column)]))
+
+            pack_row(b.add(r0, const64(i)), put)
+            if k % 2:
+                put(const64(k), ir.Constant(I32, 0))
+
+    def tile(r0: ir.Value, size: int, panel: ir.Value) -> None:
+        slots = [[ctx.alloca(vt32, name=f"acc{i}_{v}") for v in range(vectors)] for i in range(size)]
+        for row in slots:
+            for slot in row:
+                b.store(ir.Constant(vt32, [0] * width), slot)
+        base = b.mul(panel, const64(pairs * nr * 2))
+        with ctx.loop(const64(pairs), name="k") as kk:
+            at = b.add(base, b.mul(kk, const64(nr * 2)))
+            ws = [b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * 2 * width))]), vt16.as_pointer()), align=2)
+                  for v in range(vectors)]
+            for i in range(size):
+                pair = b.bitcast(splat(b, b.load(b.gep(tile32, [b.add(const64(i * pairs), kk)])), width), vt16)
+                for v in range(vectors):
+                    b.store(product.emit(b, b.load(slots[i][v]), pair, ws[v]), slots[i][v])
+        column = b.mul(panel, const64(nr))
+        valid = imin(b, const64(nr), b.sub(const64(n), column))
+        lanes = b.bitcast(ctx.alloca(ir.ArrayType(I32, nr), name="lanes"), I32.as_pointer())
+        for i in range(size):
+            for v in range(vectors):
+                b.store(b.load(slots[i][v]), b.bitcast(b.gep(lanes, [const64(v * width)]), vt32.as_pointer()),
+                        align=4)
+            store_row(b.add(r0, const64(i)), column, valid, lanes)
+
+    def rows_of(r0: ir.Value, size: int) -> None:
+        pack_rows(r0, size)
+        with ctx.loop(hi, start=lo, name="panel") as panel:
+            tile(r0, size, panel)
+
+    tiles = b.sdiv(rows, const64(mr))
+    with ctx.loop(tiles, name="tile") as t:
+        rows_of(b.mul(t, const64(mr)), mr)
+    rest = b.sub(rows, b.mul(tiles, const64(mr)))
+    for size in range(1, mr):
+        with b.if_then(b.icmp_signed("==", rest, const64(size))):
+            rows_of(b.mul(tiles, const64(mr)), size)
+
+
+def _check_tile_fits(ctx: KernelContext, product: PairProduct, k: int) -> None:
+    if product.rows * 2 * -(-k // 2) * 2 > KERNEL_SCRATCH_BYTES:
+        raise Unsupported(f"{ctx.node.op} with a depth of {k}: its row tile does not fit the scratch")
+
+
 @register_kernel("MatMulInteger")
 def matmul_integer(ctx: KernelContext) -> None:
     """``(A - a_zero_point) @ (B - b_zero_point)`` in int32 for a constant 2-D ``B``; A's zero
     point per tensor or per row, computed or constant; B's per tensor or per column.
 
-    Per tile of ``rows`` rows of A: the rows minus their zero points are written to the
-    thread's scratch as int16 pairs (one int32 per two columns of A); then, for each panel
-    of the thread's share, the tile's ``rows x nr`` outputs accumulate in registers, one
-    pair product (:class:`PairProduct`) per row, vector and pair of rows of B."""
+    The rows of A (all batch dims folded in) in tiles through :func:`_emit_pair_gemm`; a
+    whole panel of a row is stored as vectors, the last (partial) one lane by lane."""
     a_dtype = _int_dtype(ctx, 0)
     _int_dtype(ctx, 1)
     if ctx.has_input(2) and ctx.in_type(2).dtype != a_dtype:
@@ -354,18 +427,13 @@ def matmul_integer(ctx: KernelContext) -> None:
     if a_shape[-1] != k:
         raise Unsupported(f"MatMulInteger: A's last dim {a_shape[-1]} is not B's {k} at compile time")
     product = PairProduct.for_host()
-    width, mr, vectors = product.lanes, product.rows, 2
-    nr, pairs = vectors * width, -(-k // 2)
-    if mr * pairs * 4 > KERNEL_SCRATCH_BYTES:
-        raise Unsupported(f"MatMulInteger with {k} columns of A: its row tile does not fit the scratch")
-    b_zero = _constant_zero_point(ctx, 3, n)
-    panels = -(-n // nr)
-    packed, _ = ctx.packed_constant("panels", "quant.integer_panels", 1, nr=nr, zero_point=b_zero)
+    _check_tile_fits(ctx, product, k)
+    width = product.lanes
+    nr = 2 * width
+    packed, _ = ctx.packed_constant("panels", "quant.integer_panels", 1, nr=nr,
+                                    zero_point=_constant_zero_point(ctx, 3, n))
     b = ctx.builder
-    bp = b.bitcast(packed, I16.as_pointer())
     a, c = ctx.in_ptr(0), ctx.out_ptr(0)
-    a_tile = b.bitcast(ctx.scratch, I32.as_pointer())
-    rows = ctx.dim(_numel(a_shape[:-1]))
     # A's zero point: none, per tensor (loaded once) or per row of A's last matrix
     a_zp_ptr, a_zp_rows, a_zp = None, None, ir.Constant(I32, 0)
     if ctx.has_input(2):
@@ -377,74 +445,26 @@ def matmul_integer(ctx: KernelContext) -> None:
             a_zp_rows = ctx.dim(a_shape[-2])
         else:
             raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
-    vt32, vt16 = ir.VectorType(I32, width), ir.VectorType(I16, 2 * width)
-    lo, hi = ctx.share(panels)
+    vt32 = ir.VectorType(I32, width)
 
-    def pack_rows(r0: ir.Value, size: int) -> None:
-        """Rows ``r0 .. r0 + size`` of A, minus their zero points, as int16 pairs in the scratch."""
-        for i in range(size):
-            row = b.add(r0, const64(i))
-            zero = a_zp if a_zp_rows is None else _widen(b, b.load(b.gep(a_zp_ptr, [b.srem(row, a_zp_rows)])),
-                                                          a_dtype)
-            src, dst = b.mul(row, const64(k)), const64(i * pairs)
+    def pack_row(row: ir.Value, put) -> None:
+        zero = a_zp if a_zp_rows is None else _widen(b, b.load(b.gep(a_zp_ptr, [b.srem(row, a_zp_rows)])), a_dtype)
+        src = b.mul(row, const64(k))
+        with ctx.loop(const64(k), name="col") as j:
+            put(j, b.sub(_widen(b, b.load(b.gep(a, [b.add(src, j)])), a_dtype), zero))
 
-            def element(column: ir.Value) -> ir.Value:
-                return b.and_(b.sub(_widen(b, b.load(b.gep(a, [b.add(src, column)])), a_dtype), zero),
-                              ir.Constant(I32, 0xFFFF))
-
-            with ctx.loop(const64(k // 2), name="pair") as j:
-                low = element(b.mul(j, const64(2)))
-                high = b.shl(element(b.add(b.mul(j, const64(2)), const64(1))), ir.Constant(I32, 16))
-                b.store(b.or_(low, high), b.gep(a_tile, [b.add(dst, j)]))
-            if k % 2:
-                b.store(element(const64(k - 1)), b.gep(a_tile, [b.add(dst, const64(pairs - 1))]))
-
-    def tile(r0: ir.Value, size: int, panel: ir.Value) -> None:
-        """Rows ``r0 .. r0 + size`` of the output's columns in ``panel``."""
-        slots = [[ctx.alloca(vt32, name=f"acc{i}_{v}") for v in range(vectors)] for i in range(size)]
-        for row in slots:
-            for slot in row:
-                b.store(ir.Constant(vt32, [0] * width), slot)
-        base = b.mul(panel, const64(pairs * nr * 2))
-        with ctx.loop(const64(pairs), name="k") as kk:
-            at = b.add(base, b.mul(kk, const64(nr * 2)))
-            ws = [b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * 2 * width))]), vt16.as_pointer()), align=2)
-                  for v in range(vectors)]
-            for i in range(size):
-                pair = b.bitcast(splat(b, b.load(b.gep(a_tile, [b.add(const64(i * pairs), kk)])), width), vt16)
-                for v in range(vectors):
-                    b.store(product.emit(b, b.load(slots[i][v]), pair, ws[v]), slots[i][v])
-        column = b.mul(panel, const64(nr))
-        valid = imin(b, const64(nr), b.sub(const64(n), column))
+    def store_row(row: ir.Value, column: ir.Value, valid: ir.Value, lanes: ir.Value) -> None:
+        out = b.add(b.mul(row, const64(n)), column)
         with b.if_else(b.icmp_signed("==", valid, const64(nr))) as (whole, part):
             with whole:
-                for i in range(size):
-                    out = b.add(b.mul(b.add(r0, const64(i)), const64(n)), column)
-                    for v in range(vectors):
-                        pointer = b.bitcast(b.gep(c, [b.add(out, const64(v * width))]), vt32.as_pointer())
-                        b.store(b.load(slots[i][v]), pointer, align=4)
+                for v in range(2):
+                    value = b.load(b.bitcast(b.gep(lanes, [const64(v * width)]), vt32.as_pointer()), align=4)
+                    b.store(value, b.bitcast(b.gep(c, [b.add(out, const64(v * width))]), vt32.as_pointer()), align=4)
             with part:
-                lanes = b.bitcast(ctx.alloca(ir.ArrayType(I32, nr), name="lanes"), I32.as_pointer())
-                for i in range(size):
-                    out = b.add(b.mul(b.add(r0, const64(i)), const64(n)), column)
-                    for v in range(vectors):
-                        b.store(b.load(slots[i][v]), b.bitcast(b.gep(lanes, [const64(v * width)]), vt32.as_pointer()),
-                                align=4)
-                    with ctx.loop(valid, name="j") as j:
-                        b.store(b.load(b.gep(lanes, [j])), b.gep(c, [b.add(out, j)]))
+                with ctx.loop(valid, name="j") as j:
+                    b.store(b.load(b.gep(lanes, [j])), b.gep(c, [b.add(out, j)]))
 
-    def rows_of(r0: ir.Value, size: int) -> None:
-        pack_rows(r0, size)
-        with ctx.loop(hi, start=lo, name="panel") as panel:
-            tile(r0, size, panel)
-
-    tiles = b.sdiv(rows, const64(mr))
-    with ctx.loop(tiles, name="tile") as t:
-        rows_of(b.mul(t, const64(mr)), mr)
-    rest = b.sub(rows, b.mul(tiles, const64(mr)))
-    for size in range(1, mr):
-        with b.if_then(b.icmp_signed("==", rest, const64(size))):
-            rows_of(b.mul(tiles, const64(mr)), size)
+    _emit_pair_gemm(ctx, product, packed, k, n, ctx.dim(_numel(a_shape[:-1])), pack_row, store_row)
 
 
 # ---- ConvInteger ----------------------------------------------------------------------------------
@@ -462,25 +482,85 @@ def pack_conv_integer_weights(w: np.ndarray, zero_point: tuple[int, ...] = (0,))
     return np.ascontiguousarray(w - shift)
 
 
+@register_packing("quant.conv_integer_panels", gather=False)
+def pack_conv_integer_panels(w: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
+    """The weights ``[M, C, *K]`` as the im2col product's constant B: ``[C * prod(K), M]`` (a
+    column per output channel, taps in ``(c, kh, kw)`` order) in the panels of
+    :func:`pack_integer_panels`, ``w_zero_point`` per tensor or per output channel."""
+    w = np.asarray(w)
+    return pack_integer_panels(w.reshape(w.shape[0], -1).T, nr, zero_point)
+
+
+def _im2col_conv_integer(ctx: KernelContext, g, x_dtype: DType, x_zero: ir.Value, w_zero: tuple[int, ...]) -> None:
+    """ConvInteger (group 1) as a product: the output pixels of each image are the rows, the
+    taps ``(c, kh, kw)`` the depth and the output channels the columns of
+    :func:`_emit_pair_gemm`; a row's taps are gathered from x (zero outside the input)."""
+    product = PairProduct.for_host()
+    taps = g.channels * g.k_h * g.k_w
+    _check_tile_fits(ctx, product, taps)
+    packed, _ = ctx.packed_constant("panels", "quant.conv_integer_panels", 1, nr=2 * product.lanes,
+                                    zero_point=w_zero)
+    b = ctx.builder
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    in_h, in_w, out_h, out_w = (ctx.dim(d) for d in (g.in_h, g.in_w, g.out_h, g.out_w))
+    pad_h, pad_w = ctx.dim(g.pad_h), ctx.dim(g.pad_w)
+    pixels = b.mul(out_h, out_w)
+    plane = b.mul(in_h, in_w)
+    zero = ir.Constant(I32, 0)
+    with ctx.loop(ctx.dim(g.batch), name="n") as image:
+        x_image = b.mul(image, b.mul(plane, const64(g.channels)))
+        y_image = b.mul(image, b.mul(pixels, const64(g.out_channels)))
+
+        def pack_row(pixel: ir.Value, put) -> None:
+            oh, ow = b.sdiv(pixel, out_w), b.srem(pixel, out_w)
+            top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)
+            left = b.sub(b.mul(ow, const64(g.stride_w)), pad_w)
+            with ctx.loop(const64(g.channels), name="ic") as ic:
+                channel = b.add(x_image, b.mul(ic, plane))
+                for kh in range(g.k_h):
+                    ih = b.add(top, const64(kh * g.dil_h))
+                    row_inside = b.and_(b.icmp_signed(">=", ih, const64(0)), b.icmp_signed("<", ih, in_h))
+                    for kw in range(g.k_w):
+                        iw = b.add(left, const64(kw * g.dil_w))
+                        inside = b.and_(row_inside, b.and_(b.icmp_signed(">=", iw, const64(0)),
+                                                           b.icmp_signed("<", iw, in_w)))
+                        at = b.select(inside, b.add(channel, b.add(b.mul(ih, in_w), iw)), const64(0))
+                        value = b.sub(_widen(b, b.load(b.gep(x, [at])), x_dtype), x_zero)
+                        put(b.add(b.mul(ic, const64(g.k_h * g.k_w)), const64(kh * g.k_w + kw)),
+                            b.select(inside, value, zero))
+
+        def store_row(pixel: ir.Value, column: ir.Value, valid: ir.Value, lanes: ir.Value) -> None:
+            with ctx.loop(valid, name="j") as j:
+                at = b.add(y_image, b.add(b.mul(b.add(column, j), pixels), pixel))
+                b.store(b.load(b.gep(lanes, [j])), b.gep(y, [at]))
+
+        _emit_pair_gemm(ctx, product, packed, taps, g.out_channels, pixels, pack_row, store_row)
+
+
 @register_kernel("ConvInteger")
 def conv_integer(ctx: KernelContext) -> None:
     """int32 convolution of ``x - x_zero_point`` (per tensor, computed or constant) with the
     constant ``w - w_zero_point`` (per tensor or per output channel), 1-D or 2-D, runtime
-    spatial sizes (static channels and kernel); padding contributes zero. Output channels
-    are split over threads; the innermost loop runs over contiguous output columns."""
+    spatial sizes (static channels and kernel); padding contributes zero. One group: an
+    im2col product on int16 pair products (:func:`_im2col_conv_integer`); several groups: a
+    direct loop nest, output channels split over threads, the innermost loop over contiguous
+    output columns."""
     x_dtype, _ = _int_dtype(ctx, 0), _int_dtype(ctx, 1)
     if ctx.constant(1) is None:
         raise Unsupported("ConvInteger with computed weights has no generated code")
     g = symbolic_geometry(ctx)
     w_zero = _constant_zero_point(ctx, 3, g.out_channels)
-    weights, _ = ctx.packed_constant("weights", "quant.conv_integer_weights", 1, zero_point=w_zero)
     b = ctx.builder
-    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     x_zero = ir.Constant(I32, 0)
     if ctx.has_input(2):
         if not _is_scalar(ctx.shape(ctx.in_type(2))):
             raise Unsupported("ConvInteger with a per-channel x_zero_point has no generated code")
         x_zero = _widen(b, b.load(ctx.in_ptr(2)), x_dtype)
+    if g.group == 1:
+        _im2col_conv_integer(ctx, g, x_dtype, x_zero, w_zero)
+        return
+    weights, _ = ctx.packed_constant("weights", "quant.conv_integer_weights", 1, zero_point=w_zero)
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     in_h, in_w, out_h, out_w = (ctx.dim(d) for d in (g.in_h, g.in_w, g.out_h, g.out_w))
     pad_h, pad_w = ctx.dim(g.pad_h), ctx.dim(g.pad_w)
     group_in, group_out = g.channels // g.group, g.out_channels // g.group
