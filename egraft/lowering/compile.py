@@ -99,6 +99,10 @@ class Lowered:
     #: the lowered bodies of each ``control`` step (If, Loop, Scan), by step index and
     #: attribute name (see :mod:`egraft.lowering.control`)
     bodies: dict = field(default_factory=dict)
+    #: the nodes of the graph as given, when lowering changed them (If nodes with a known
+    #: condition replaced by their branch): what ``CompiledModel.graph`` shows; ``graph`` is
+    #: what the steps run
+    source_nodes: list | None = None
 
 
 def _is_view(graph: Graph, node: Node) -> bool:
@@ -166,7 +170,7 @@ def _nbytes(v: Value):
 def lower(graph: Graph) -> Lowered:
     """Schedule ``graph``, plan its storage and emit its kernels (not yet compiled)."""
     start = time.perf_counter()
-    graph = inline_constant_ifs(graph)  # an If whose condition is known is its branch
+    source, graph = graph, inline_constant_ifs(graph)  # an If whose condition is known is its branch
     values: list[Value] = list(graph.inputs)
     for node in graph.nodes:
         values.extend(v for v in node.inputs if v is not None and v.const is not None)
@@ -258,7 +262,7 @@ def lower(graph: Graph) -> Lowered:
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
-                   bodies=bodies)
+                   bodies=bodies, source_nodes=None if graph is source else list(source.nodes))
 
 
 def _dims_given_by_values(node: Node) -> list[str]:

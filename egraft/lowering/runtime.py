@@ -35,7 +35,7 @@ import numpy as np
 from egraft.errors import EgraftError, ExecutionError
 from egraft.ir.assume import check_assumptions
 from egraft.ir.dims import dim_function, evaluate_dim
-from egraft.ir.graph import Value
+from egraft.ir.graph import Graph, Value
 from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.interpreter import Bindings, check_feeds, run_graph
 from egraft.ir.onnx_fallback import onnx_compute
@@ -167,7 +167,9 @@ class CompiledModel:
     def __init__(self, lowered: Lowered, jit: JitModule | None, bodies: Mapping[int, Mapping] | None = None):
         self._lowered = lowered
         self._jit = jit
-        self.graph = lowered.graph
+        self.graph = lowered.graph if lowered.source_nodes is None else Graph(
+            lowered.graph.name, lowered.graph.inputs, lowered.graph.outputs, lowered.source_nodes,
+            lowered.graph.constants, lowered.graph.opsets, lowered.graph.known_values, lowered.graph.doc)
         #: The LLVM IR of the kernels, as compiled.
         self.module_text = lowered.module_text
         self.input_names = [v.name for v in self.graph.inputs]
@@ -180,7 +182,7 @@ class CompiledModel:
             for v in step.node.inputs:
                 if v is not None and v.const is not None and v.name not in self._constants \
                         and (live is None or v.name in live):
-                    self._constants[v.name] = _contiguous(np.asarray(self.graph.constants[v.const]))
+                    self._constants[v.name] = _contiguous(np.asarray(lowered.graph.constants[v.const]))
         for name, array in lowered.derived.items():  # packed weights
             self._constants[name] = _contiguous(np.asarray(array))
         #: Threads a call may use (parallel kernels are split into this many parts at most).
@@ -416,7 +418,7 @@ class CompiledModel:
                 self._fallback(step, env, table, bound, dims)
             if profile is not None:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
-        outputs = {v.name: env[v.name] if v.const is None else np.array(self.graph.constants[v.const])
+        outputs = {v.name: env[v.name] if v.const is None else np.array(lowered.graph.constants[v.const])
                    for v in self.graph.outputs}
         self._give_back_arena(arena)  # outputs never alias it: the next call may reuse it
         return outputs
