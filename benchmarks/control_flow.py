@@ -57,6 +57,7 @@ def main() -> None:
         import egraft.lowering.compile as lowering
 
         lowering.is_control = lambda node: False
+        lowering.inline_constant_ifs = lambda graph: graph
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     print(f"{'model':24} {'binding':30} {'generic':>7} {'running':>7} {'error':>9} {'egraft ms':>9} {'ort ms':>7}")
