@@ -268,9 +268,10 @@ def lower(graph: Graph) -> Lowered:
 def _dims_given_by_values(node: Node) -> list[str]:
     """Symbols of the output dims of a Range, ConstantOfShape, Expand or Slice (the ops of
     :data:`SIZED_BY_INPUT_VALUES`) that its data input's shape does not give, when an input
-    that sizes it (Range's scalars, a shape, starts or ends) is computed: its values decide them. Such a dim may be a named dim that a
-    data-dependent one was unified with (:mod:`egraft.ir.unify`), so the runtime computes the
-    output shape from the values and checks it (``sized_by_inputs``) rather than trusting it."""
+    that sizes it (Range's scalars, a shape, starts or ends) is computed: its values decide
+    them. Such a dim may be a named dim that a data-dependent one was unified with
+    (:mod:`egraft.ir.unify`), so the runtime computes the output shape from the values and
+    checks it (``sized_by_inputs``) rather than trusting it."""
     if node.op not in SIZED_BY_INPUT_VALUES or node.domain not in ("", "ai.onnx"):
         return []
     sizing = node.inputs if node.op in ("Range", "ConstantOfShape") else node.inputs[1:]
