@@ -129,29 +129,55 @@ def test_matmul_integer_matches_onnxruntime(a_type, b_type, n, per_column):
     _check(model, runs)
 
 
-@pytest.mark.parametrize("intrinsic, lanes, rows", [("", 4, 4), ("llvm.x86.sse2.pmadd.wd", 4, 4),
-                                                     ("llvm.x86.avx2.pmadd.wd", 8, 4),
-                                                     ("llvm.x86.avx512.pmaddw.d.512", 16, 8),
-                                                     ("llvm.x86.avx512.vpdpwssd.512", 16, 8)])
-def test_matmul_integer_pair_products(monkeypatch, intrinsic, lanes, rows):
-    """Every form of the pair product (the host picks one) gives the exact product; an odd
-    depth (the last pair half empty). Forms the host cannot run are skipped."""
+FORMS = [("", 4, 4, 2), ("llvm.x86.sse2.pmadd.wd", 4, 4, 2), ("llvm.x86.avx2.pmadd.wd", 8, 4, 2),
+         ("llvm.x86.avx512.pmaddw.d.512", 16, 8, 2), ("llvm.x86.avx512.vpdpwssd.512", 16, 8, 2),
+         ("llvm.x86.avx512.vpdpbusd.512", 16, 8, 4)]
+FORM_NAMES = ["generic", "sse2", "avx2", "avx512bw", "vpdpwssd", "vpdpbusd"]
+
+
+def _force_form(monkeypatch, intrinsic: str, lanes: int, rows: int, depth: int) -> None:
+    """Make the kernels use this product form (skip when the host cannot run it)."""
     from egraft.kernels.cpu import quant
     from egraft.kernels.cpu.llvm import host_cpu
 
-    needs = {"avx2": "+avx2", "avx512": "+avx512bw", "vpdpwssd": "+avx512vnni"}
-    features = host_cpu()[2].split(",")
-    if any(key in intrinsic and flag not in features for key, flag in needs.items()) or \
-            (intrinsic and not host_cpu()[0].startswith("x86_64")):
+    needs = {"avx2": "+avx2", "avx512": "+avx512bw", "vpdp": "+avx512vnni"}
+    triple, _, features = host_cpu()
+    if any(key in intrinsic and flag not in features.split(",") for key, flag in needs.items()) or \
+            (intrinsic and not triple.startswith("x86_64")):
         pytest.skip(f"the host cannot run {intrinsic}")
-    monkeypatch.setattr(quant.PairProduct, "for_host", staticmethod(lambda: quant.PairProduct(intrinsic, lanes, rows)))
-    rng = np.random.default_rng(lanes)
-    w = _ints(rng, np.int8, (37, 70))
-    model = _model([helper.make_node("MatMulInteger", ["a", "w", "a_zero"], ["y"])],
-                   [("a", U8, ["m", 37]), ("a_zero", U8, [])], [("y", I32, ["m", 70])],
-                   [numpy_helper.from_array(w, "w")])
-    _check(model, [({"m": m}, {"a": _ints(rng, np.uint8, (m, 37)), "a_zero": np.array(zp, np.uint8)})
-                   for m, zp in [(1, 0), (11, 255), (16, 77)]])
+    form = quant.PairProduct(intrinsic, lanes, rows, depth)
+    monkeypatch.setattr(quant.PairProduct, "for_host", staticmethod(lambda: form))
+
+
+@pytest.mark.parametrize("form", FORMS, ids=FORM_NAMES)
+@pytest.mark.parametrize(("a_type", "b_type"), [(U8, I8), (U8, U8), (I8, I8)], ids=["u8i8", "u8u8", "i8i8"])
+def test_matmul_integer_product_forms(monkeypatch, form, a_type, b_type):
+    """Every form of the product (the host picks one) gives the exact product, with zero
+    points per tensor and per column; an odd depth (the last pair or quad part empty)."""
+    _force_form(monkeypatch, *form)
+    a_np, b_np = (np.uint8 if t == U8 else np.int8 for t in (a_type, b_type))
+    rng = np.random.default_rng(form[1] + a_type)
+    w = _ints(rng, b_np, (37, 70))
+    for b_zero in (_ints(rng, b_np, ()), _ints(rng, b_np, (70,))):
+        model = _model([helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"])],
+                       [("a", a_type, ["m", 37]), ("a_zero", a_type, [])], [("y", I32, ["m", 70])],
+                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b_zero, "w_zero")])
+        _check(model, [({"m": m}, {"a": _ints(rng, a_np, (m, 37)), "a_zero": _ints(rng, a_np, ())})
+                       for m in (1, 11, 16)])
+
+
+@pytest.mark.parametrize("form", FORMS, ids=FORM_NAMES)
+def test_conv_integer_product_forms(monkeypatch, form):
+    """ConvInteger's im2col product in every form: 27 taps, padding, stride 2."""
+    _force_form(monkeypatch, *form)
+    rng = np.random.default_rng(form[1])
+    w = _ints(rng, np.uint8, (5, 3, 3, 3))
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "x_zero", "w_zero"], ["y"], pads=[1, 1, 1, 1],
+                                     strides=[2, 2])],
+                   [("x", U8, [1, 3, "h", "w"]), ("x_zero", U8, [])], [("y", I32, None)],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(200, np.uint8), "w_zero")])
+    _check(model, [({"h": h, "w": wd}, {"x": _ints(rng, np.uint8, (1, 3, h, wd)), "x_zero": np.array(zp, np.uint8)})
+                   for h, wd, zp in [(5, 7, 0), (12, 9, 255)]])
 
 
 def test_matmul_integer_per_row_a_zero_point_and_no_zero_points():

@@ -254,14 +254,19 @@ def dynamic_quantize_linear(ctx: KernelContext) -> None:
 # ---- MatMulInteger --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PairProduct:
-    """How the host multiplies int16 pairs: ``acc + a[2j] * b[2j] + a[2j + 1] * b[2j + 1]`` for
-    every int32 lane ``j`` of a vector of ``lanes`` int32 (``vpdpwssd`` with AVX-512 VNNI,
-    ``vpmaddwd`` plus an add with AVX-512BW, AVX2 or SSE2, else widening multiplies);
-    ``rows``: output rows per register tile (the accumulators fit the registers)."""
+    """How the host multiplies small integers into int32 lanes: ``acc[j] + sum(a[d*j + i] *
+    b[d*j + i] for i < d)`` for every int32 lane ``j`` of a vector of ``lanes``, ``d = depth``.
+
+    Depth 4 (``vpdpbusd``, AVX-512 VNNI): ``a`` uint8, ``b`` int8, so the products run on the
+    raw operands and the zero points enter as row and column sums afterwards. Depth 2: int16
+    pairs of operands minus their zero points (``vpmaddwd`` plus an add with AVX-512BW, AVX2
+    or SSE2, ``vpdpwssd`` when asked for, widening multiplies elsewhere). ``rows``: output
+    rows per register tile (the accumulators fit the registers)."""
 
     intrinsic: str
     lanes: int
     rows: int
+    depth: int = 2
 
     @staticmethod
     def for_host() -> PairProduct:
@@ -270,18 +275,23 @@ class PairProduct:
         if not triple.startswith(("x86_64", "i686", "i386")):
             return PairProduct("", 4, 4)
         if {"+avx512vnni", "+avx512bw"} <= flags:
-            return PairProduct("llvm.x86.avx512.vpdpwssd.512", 16, 8)
+            return PairProduct("llvm.x86.avx512.vpdpbusd.512", 16, 8, depth=4)
         if "+avx512bw" in flags:
             return PairProduct("llvm.x86.avx512.pmaddw.d.512", 16, 8)
         if "+avx2" in flags:
             return PairProduct("llvm.x86.avx2.pmadd.wd", 8, 4)
         return PairProduct("llvm.x86.sse2.pmadd.wd", 4, 4)
 
+    @property
+    def element(self) -> ir.Type:
+        """The operands' element type: int8 for depth 4, int16 for depth 2."""
+        return I8 if self.depth == 4 else I16
+
     def emit(self, b: ir.IRBuilder, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
-        """``acc`` (``<lanes x i32>``) plus the pair products of ``a`` and ``w`` (``<2*lanes x i16>``)."""
-        out, pairs = ir.VectorType(I32, self.lanes), ir.VectorType(I16, 2 * self.lanes)
+        """``acc`` (``<lanes x i32>``) plus the products of ``a`` and ``w`` (``<depth*lanes x element>``)."""
+        out, pairs = ir.VectorType(I32, self.lanes), ir.VectorType(self.element, self.depth * self.lanes)
         module = b.module
-        if self.intrinsic.endswith("vpdpwssd.512"):
+        if self.intrinsic.endswith(("vpdpwssd.512", "vpdpbusd.512")):
             fn = module.globals.get(self.intrinsic) or ir.Function(module, ir.FunctionType(out, [out, pairs, pairs]),
                                                                    self.intrinsic)
             return b.call(fn, [acc, a, w])
@@ -318,6 +328,32 @@ def pack_integer_panels(b: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0
     return np.ascontiguousarray(packed).reshape(-1).view(np.int8)
 
 
+@register_packing("quant.integer_quads", gather=False)
+def pack_integer_quads(b: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
+    """``B`` [K, N] u8/i8 for the depth-4 products: as int8 (uint8 shifted by -128), panels of
+    ``nr`` columns with rows in fours, ``[ceil(N/nr), ceil(K/4), nr, 4]``, zero past N and K;
+    then each column's sum and its zero point (shifted alike; one value or one per column),
+    int32, ``ceil(N/nr) * nr`` of each. Returned as bytes.
+
+    Example:
+        >>> packed = pack_integer_quads(np.array([[1], [2]], np.int8), 1, (3,))
+        >>> packed[:4].tolist(), packed[4:].view(np.int32).tolist()
+        ([1, 2, 0, 0], [3, 3])
+    """
+    b = np.asarray(b)
+    shift = 128 if b.dtype == np.uint8 else 0
+    shifted = b.astype(np.int32) - shift
+    k, n = shifted.shape
+    panels, quads = -(-n // nr), -(-k // 4)
+    padded = np.zeros((4 * quads, panels * nr), np.int8)
+    padded[:k, :n] = shifted
+    packed = np.ascontiguousarray(padded.reshape(quads, 4, panels, nr).transpose(2, 0, 3, 1)).reshape(-1)
+    sums, zeros = np.zeros(panels * nr, np.int32), np.zeros(panels * nr, np.int32)
+    sums[:n] = shifted.sum(axis=0)
+    zeros[:n] = np.broadcast_to(np.asarray(zero_point, np.int32) - shift, (n,))
+    return np.concatenate([packed, sums.view(np.int8), zeros.view(np.int8)])
+
+
 def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, ...]:
     """Constant zero point input ``i`` (per tensor, or ``count`` values) as a tuple of ints."""
     if not ctx.has_input(i):
@@ -332,59 +368,62 @@ def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, .
 
 
 def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Value, k: int, n: int,
-                    rows: ir.Value, pack_row, store_row) -> None:
-    """``out[r, :n] = rows_of_A[r, :k] @ B`` over ``rows`` rows, B constant in the int16 panels of
-    :func:`pack_integer_panels` at ``panels_ptr``; the thread computes its share of the panels.
+                    rows: ir.Value, pack_row, store_row, finish=None) -> None:
+    """``out[r, :n] = rows_of_A[r, :k] @ B`` over ``rows`` rows, B constant in the panels of
+    :func:`pack_integer_panels` (depth 2) or :func:`pack_integer_quads` (depth 4) at
+    ``panels_ptr``; the thread computes its share of the panels.
 
-    Per tile of ``product.rows`` rows: ``pack_row(row, put)`` gives the row's ``k`` values of A
-    (minus zero points) by calling ``put(column, value_i32)`` (column an ``i64``), which writes
-    them as int16 to the tile in the thread's scratch (little-endian: two columns read as one
-    int32 pair); then for each panel the tile's outputs accumulate in registers and
-    ``store_row(row, column, valid, lanes)`` writes ``valid`` outputs of the row from
-    ``column`` on (``lanes``: an ``i32*`` holding the panel's ``nr`` values, or ``None`` with
-    ``vectors`` given for a whole panel; see :func:`matmul_integer`)."""
+    Per tile of ``product.rows`` rows: ``pack_row(row, put, i)`` (``i``: the row's place in the
+    tile) gives the row's ``k`` values of A by calling ``put(column, value_i32)`` (column an
+    ``i64``), which writes them in the product's element type to the tile in the thread's
+    scratch (little-endian: ``depth`` columns read as one int32); then for each panel the
+    tile's outputs accumulate in registers, ``finish(i, panel, vectors)`` may correct them
+    (depth 4: the zero points), and ``store_row(row, column, valid, lanes)`` writes ``valid``
+    outputs of the row from ``column`` on (``lanes``: an ``i32*`` to the panel's ``nr`` values)."""
     b = ctx.builder
-    width, mr, vectors = product.lanes, product.rows, 2
-    nr, pairs = vectors * width, -(-k // 2)
-    tile16 = b.bitcast(ctx.scratch, I16.as_pointer())
+    width, mr, depth, vectors = product.lanes, product.rows, product.depth, 2
+    nr, groups = vectors * width, -(-k // depth)
+    tile_elements = b.bitcast(ctx.scratch, product.element.as_pointer())
     tile32 = b.bitcast(ctx.scratch, I32.as_pointer())
     panels = -(-n // nr)
-    vt32, vt16 = ir.VectorType(I32, width), ir.VectorType(I16, 2 * width)
-    bp = b.bitcast(panels_ptr, I16.as_pointer())
+    vt32, vt_in = ir.VectorType(I32, width), ir.VectorType(product.element, depth * width)
+    bp = b.bitcast(panels_ptr, product.element.as_pointer())
     lo, hi = ctx.share(panels)
 
     def pack_rows(r0: ir.Value, size: int) -> None:
         for i in range(size):
-            start = const64(i * 2 * pairs)
+            start = const64(i * depth * groups)
 
             def put(column: ir.Value, value: ir.Value, start=start) -> None:
-                b.store(b.trunc(value, I16), b.gep(tile16, [b.add(start, column)]))
+                b.store(b.trunc(value, product.element), b.gep(tile_elements, [b.add(start, column)]))
 
-            pack_row(b.add(r0, const64(i)), put)
-            if k % 2:
-                put(const64(k), ir.Constant(I32, 0))
+            pack_row(b.add(r0, const64(i)), put, i)
+            for column in range(k, depth * groups):
+                put(const64(column), ir.Constant(I32, 0))
 
     def tile(r0: ir.Value, size: int, panel: ir.Value) -> None:
         slots = [[ctx.alloca(vt32, name=f"acc{i}_{v}") for v in range(vectors)] for i in range(size)]
         for row in slots:
             for slot in row:
                 b.store(ir.Constant(vt32, [0] * width), slot)
-        base = b.mul(panel, const64(pairs * nr * 2))
-        with ctx.loop(const64(pairs), name="k") as kk:
-            at = b.add(base, b.mul(kk, const64(nr * 2)))
-            ws = [b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * 2 * width))]), vt16.as_pointer()), align=2)
+        base = b.mul(panel, const64(groups * nr * depth))
+        with ctx.loop(const64(groups), name="k") as kk:
+            at = b.add(base, b.mul(kk, const64(nr * depth)))
+            ws = [b.load(b.bitcast(b.gep(bp, [b.add(at, const64(v * depth * width))]), vt_in.as_pointer()), align=1)
                   for v in range(vectors)]
             for i in range(size):
-                pair = b.bitcast(splat(b, b.load(b.gep(tile32, [b.add(const64(i * pairs), kk)])), width), vt16)
+                group = b.bitcast(splat(b, b.load(b.gep(tile32, [b.add(const64(i * groups), kk)])), width), vt_in)
                 for v in range(vectors):
-                    b.store(product.emit(b, b.load(slots[i][v]), pair, ws[v]), slots[i][v])
+                    b.store(product.emit(b, b.load(slots[i][v]), group, ws[v]), slots[i][v])
         column = b.mul(panel, const64(nr))
         valid = imin(b, const64(nr), b.sub(const64(n), column))
         lanes = b.bitcast(ctx.alloca(ir.ArrayType(I32, nr), name="lanes"), I32.as_pointer())
         for i in range(size):
-            for v in range(vectors):
-                b.store(b.load(slots[i][v]), b.bitcast(b.gep(lanes, [const64(v * width)]), vt32.as_pointer()),
-                        align=4)
+            values = [b.load(slot) for slot in slots[i]]
+            if finish is not None:
+                values = finish(i, panel, values)
+            for v, value in enumerate(values):
+                b.store(value, b.bitcast(b.gep(lanes, [const64(v * width)]), vt32.as_pointer()), align=4)
             store_row(b.add(r0, const64(i)), column, valid, lanes)
 
     def rows_of(r0: ir.Value, size: int) -> None:
@@ -401,9 +440,60 @@ def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Val
             rows_of(b.mul(tiles, const64(mr)), size)
 
 
+class _ZeroPoints:
+    """The depth-4 products' zero-point terms: the products run on ``a_u`` (A as uint8) and
+    ``b_s`` (B as int8), so ``sum((a_u - za) * (b_s - zb)) = sum(a_u * b_s) - za * colsum(b_s)
+    - zb * (rowsum(a_u) - k * za)``, all in wrapping int32 (exact: the result fits). Per row of
+    the tile: ``za`` and ``rowsum(a_u) - k * za``, kept in stack slots while the row is packed."""
+
+    def __init__(self, ctx: KernelContext, product: PairProduct, packed: ir.Value, k: int, n: int):
+        self.ctx, self.product, self.k = ctx, product, k
+        b = ctx.builder
+        nr = 2 * product.lanes
+        panels, groups = -(-n // nr), -(-k // 4)
+        sums = b.bitcast(b.gep(packed, [const64(panels * groups * nr * 4)]), I32.as_pointer())
+        self.sums, self.zeros = sums, b.gep(sums, [const64(panels * nr)])
+        self.za = ctx.alloca(ir.ArrayType(I32, product.rows), name="za")
+        self.shift = ctx.alloca(ir.ArrayType(I32, product.rows), name="zshift")
+
+    def slot(self, array: ir.Value, i: int) -> ir.Value:
+        return self.ctx.builder.gep(array, [ir.Constant(I32, 0), ir.Constant(I32, i)])
+
+    def row(self, i: int, zero: ir.Value, total: ir.Value) -> None:
+        """Row ``i`` of the tile: its zero point (uint8 domain) and the sum of its values."""
+        b = self.ctx.builder
+        b.store(zero, self.slot(self.za, i))
+        b.store(b.sub(total, b.mul(zero, ir.Constant(I32, self.k))), self.slot(self.shift, i))
+
+    def finish(self, i: int, panel: ir.Value, values: list[ir.Value]) -> list[ir.Value]:
+        b, width = self.ctx.builder, self.product.lanes
+        vt32 = ir.VectorType(I32, width)
+        za, shift = (splat(b, b.load(self.slot(array, i)), width) for array in (self.za, self.shift))
+        out = []
+        for v, value in enumerate(values):
+            at = b.add(b.mul(panel, const64(2 * width)), const64(v * width))
+            colsum = b.load(b.bitcast(b.gep(self.sums, [at]), vt32.as_pointer()), align=4)
+            zb = b.load(b.bitcast(b.gep(self.zeros, [at]), vt32.as_pointer()), align=4)
+            out.append(b.sub(b.sub(value, b.mul(za, colsum)), b.mul(zb, shift)))
+        return out
+
+
+def _as_unsigned(b: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value:
+    """An element of u8/i8 ``dtype`` as the uint8 it maps to (int8 shifted by +128), in int32."""
+    return _widen(b, value, dtype) if dtype == DType.UINT8 else b.add(_widen(b, value, dtype), ir.Constant(I32, 128))
+
+
 def _check_tile_fits(ctx: KernelContext, product: PairProduct, k: int) -> None:
-    if product.rows * 2 * -(-k // 2) * 2 > KERNEL_SCRATCH_BYTES:
+    if product.rows * product.depth * -(-k // product.depth) * 4 > KERNEL_SCRATCH_BYTES:
         raise Unsupported(f"{ctx.node.op} with a depth of {k}: its row tile does not fit the scratch")
+
+
+def _pack_weights(ctx: KernelContext, product: PairProduct, packing: str, zero_point: tuple[int, ...]) -> ir.Value:
+    """The constant B (input 1) packed for ``product``: ``packing`` is the depth-2 one's name
+    (``quant.integer_panels`` or ``quant.conv_integer_panels``), the depth-4 ones end in ``quads``."""
+    name = packing if product.depth == 2 else packing.replace("panels", "quads")
+    packed, _ = ctx.packed_constant("panels", name, 1, nr=2 * product.lanes, zero_point=zero_point)
+    return packed
 
 
 @register_kernel("MatMulInteger")
@@ -430,8 +520,7 @@ def matmul_integer(ctx: KernelContext) -> None:
     _check_tile_fits(ctx, product, k)
     width = product.lanes
     nr = 2 * width
-    packed, _ = ctx.packed_constant("panels", "quant.integer_panels", 1, nr=nr,
-                                    zero_point=_constant_zero_point(ctx, 3, n))
+    packed = _pack_weights(ctx, product, "quant.integer_panels", _constant_zero_point(ctx, 3, n))
     b = ctx.builder
     a, c = ctx.in_ptr(0), ctx.out_ptr(0)
     # A's zero point: none, per tensor (loaded once) or per row of A's last matrix
@@ -440,18 +529,35 @@ def matmul_integer(ctx: KernelContext) -> None:
         zp_shape = ctx.shape(ctx.in_type(2))
         a_zp_ptr = ctx.in_ptr(2)
         if _is_scalar(zp_shape):
-            a_zp = _widen(b, b.load(a_zp_ptr), a_dtype)
+            a_zp = b.load(a_zp_ptr)
         elif len(zp_shape) == 1 and len(a_shape) >= 2:
             a_zp_rows = ctx.dim(a_shape[-2])
         else:
             raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
     vt32 = ir.VectorType(I32, width)
+    terms = _ZeroPoints(ctx, product, packed, k, n) if product.depth == 4 else None
+    total = ctx.alloca(I32, name="rowsum")
 
-    def pack_row(row: ir.Value, put) -> None:
-        zero = a_zp if a_zp_rows is None else _widen(b, b.load(b.gep(a_zp_ptr, [b.srem(row, a_zp_rows)])), a_dtype)
+    def pack_row(row: ir.Value, put, i: int) -> None:
+        zero = a_zp if a_zp_rows is None else b.load(b.gep(a_zp_ptr, [b.srem(row, a_zp_rows)]))
+        if a_zp_ptr is None:
+            zero = ir.Constant(I32, 0 if terms is None or a_dtype == DType.UINT8 else 128)
+        elif terms is None:
+            zero = _widen(b, zero, a_dtype)
+        else:
+            zero = _as_unsigned(b, zero, a_dtype)
         src = b.mul(row, const64(k))
+        b.store(ir.Constant(I32, 0), total)
         with ctx.loop(const64(k), name="col") as j:
-            put(j, b.sub(_widen(b, b.load(b.gep(a, [b.add(src, j)])), a_dtype), zero))
+            value = b.load(b.gep(a, [b.add(src, j)]))
+            if terms is None:
+                put(j, b.sub(_widen(b, value, a_dtype), zero))
+            else:
+                value = _as_unsigned(b, value, a_dtype)
+                b.store(b.add(b.load(total), value), total)
+                put(j, value)
+        if terms is not None:
+            terms.row(i, zero, b.load(total))
 
     def store_row(row: ir.Value, column: ir.Value, valid: ir.Value, lanes: ir.Value) -> None:
         out = b.add(b.mul(row, const64(n)), column)
@@ -464,7 +570,8 @@ def matmul_integer(ctx: KernelContext) -> None:
                 with ctx.loop(valid, name="j") as j:
                     b.store(b.load(b.gep(lanes, [j])), b.gep(c, [b.add(out, j)]))
 
-    _emit_pair_gemm(ctx, product, packed, k, n, ctx.dim(_numel(a_shape[:-1])), pack_row, store_row)
+    _emit_pair_gemm(ctx, product, packed, k, n, ctx.dim(_numel(a_shape[:-1])), pack_row, store_row,
+                    terms.finish if terms is not None else None)
 
 
 # ---- ConvInteger ----------------------------------------------------------------------------------
@@ -491,15 +598,25 @@ def pack_conv_integer_panels(w: np.ndarray, nr: int, zero_point: tuple[int, ...]
     return pack_integer_panels(w.reshape(w.shape[0], -1).T, nr, zero_point)
 
 
+@register_packing("quant.conv_integer_quads", gather=False)
+def pack_conv_integer_quads(w: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
+    """The weights ``[M, C, *K]`` as :func:`pack_conv_integer_panels` lays them out, packed by
+    :func:`pack_integer_quads` for the depth-4 products."""
+    w = np.asarray(w)
+    return pack_integer_quads(w.reshape(w.shape[0], -1).T, nr, zero_point)
+
+
 def _im2col_conv_integer(ctx: KernelContext, g, x_dtype: DType, x_zero: ir.Value, w_zero: tuple[int, ...]) -> None:
     """ConvInteger (group 1) as a product: the output pixels of each image are the rows, the
     taps ``(c, kh, kw)`` the depth and the output channels the columns of
-    :func:`_emit_pair_gemm`; a row's taps are gathered from x (zero outside the input)."""
+    :func:`_emit_pair_gemm`; a row's taps are gathered from x (zero outside the input).
+    ``x_zero``: x's zero point as int32 in x's type (depth 2) or as uint8 (depth 4)."""
     product = PairProduct.for_host()
     taps = g.channels * g.k_h * g.k_w
     _check_tile_fits(ctx, product, taps)
-    packed, _ = ctx.packed_constant("panels", "quant.conv_integer_panels", 1, nr=2 * product.lanes,
-                                    zero_point=w_zero)
+    packed = _pack_weights(ctx, product, "quant.conv_integer_panels", w_zero)
+    terms = _ZeroPoints(ctx, product, packed, taps, g.out_channels) if product.depth == 4 else None
+    total = ctx.alloca(I32, name="rowsum")
     b = ctx.builder
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     in_h, in_w, out_h, out_w = (ctx.dim(d) for d in (g.in_h, g.in_w, g.out_h, g.out_w))
@@ -511,7 +628,8 @@ def _im2col_conv_integer(ctx: KernelContext, g, x_dtype: DType, x_zero: ir.Value
         x_image = b.mul(image, b.mul(plane, const64(g.channels)))
         y_image = b.mul(image, b.mul(pixels, const64(g.out_channels)))
 
-        def pack_row(pixel: ir.Value, put) -> None:
+        def pack_row(pixel: ir.Value, put, i: int) -> None:
+            b.store(ir.Constant(I32, 0), total)
             oh, ow = b.sdiv(pixel, out_w), b.srem(pixel, out_w)
             top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)
             left = b.sub(b.mul(ow, const64(g.stride_w)), pad_w)
@@ -525,16 +643,23 @@ def _im2col_conv_integer(ctx: KernelContext, g, x_dtype: DType, x_zero: ir.Value
                         inside = b.and_(row_inside, b.and_(b.icmp_signed(">=", iw, const64(0)),
                                                            b.icmp_signed("<", iw, in_w)))
                         at = b.select(inside, b.add(channel, b.add(b.mul(ih, in_w), iw)), const64(0))
-                        value = b.sub(_widen(b, b.load(b.gep(x, [at])), x_dtype), x_zero)
-                        put(b.add(b.mul(ic, const64(g.k_h * g.k_w)), const64(kh * g.k_w + kw)),
-                            b.select(inside, value, zero))
+                        raw = b.load(b.gep(x, [at]))
+                        if terms is None:
+                            value = b.select(inside, b.sub(_widen(b, raw, x_dtype), x_zero), zero)
+                        else:  # uint8 values; the padding is the zero point (zero once it is subtracted)
+                            value = b.select(inside, _as_unsigned(b, raw, x_dtype), x_zero)
+                            b.store(b.add(b.load(total), value), total)
+                        put(b.add(b.mul(ic, const64(g.k_h * g.k_w)), const64(kh * g.k_w + kw)), value)
+            if terms is not None:
+                terms.row(i, x_zero, b.load(total))
 
         def store_row(pixel: ir.Value, column: ir.Value, valid: ir.Value, lanes: ir.Value) -> None:
             with ctx.loop(valid, name="j") as j:
                 at = b.add(y_image, b.add(b.mul(b.add(column, j), pixels), pixel))
                 b.store(b.load(b.gep(lanes, [j])), b.gep(y, [at]))
 
-        _emit_pair_gemm(ctx, product, packed, taps, g.out_channels, pixels, pack_row, store_row)
+        _emit_pair_gemm(ctx, product, packed, taps, g.out_channels, pixels, pack_row, store_row,
+                        terms.finish if terms is not None else None)
 
 
 @register_kernel("ConvInteger")
@@ -557,6 +682,9 @@ def conv_integer(ctx: KernelContext) -> None:
             raise Unsupported("ConvInteger with a per-channel x_zero_point has no generated code")
         x_zero = _widen(b, b.load(ctx.in_ptr(2)), x_dtype)
     if g.group == 1:
+        if PairProduct.for_host().depth == 4:
+            x_zero = _as_unsigned(b, b.load(ctx.in_ptr(2)), x_dtype) if ctx.has_input(2) else \
+                ir.Constant(I32, 0 if x_dtype == DType.UINT8 else 128)
         _im2col_conv_integer(ctx, g, x_dtype, x_zero, w_zero)
         return
     weights, _ = ctx.packed_constant("weights", "quant.conv_integer_weights", 1, zero_point=w_zero)
@@ -595,4 +723,5 @@ def conv_integer(ctx: KernelContext) -> None:
 
 
 __all__ = ["pack_integer_panels", "pack_conv_integer_weights", "matmul_integer", "conv_integer", "quantize_linear",
-           "dequantize_linear", "dynamic_quantize_linear", "PairProduct", "RANGES"]
+           "dequantize_linear", "dynamic_quantize_linear", "PairProduct", "RANGES", "pack_integer_quads",
+           "pack_conv_integer_panels", "pack_conv_integer_quads"]
