@@ -215,6 +215,16 @@ def test_conv_integer_matches_onnxruntime(kernel, stride, pad, group):
     _check(model, runs)
 
 
+def test_conv_integer_1d_matches_onnxruntime():
+    rng = np.random.default_rng(21)
+    w = _ints(rng, np.uint8, (7, 5, 4))
+    model = _model([helper.make_node("ConvInteger", ["x", "w", "x_zero"], ["y"], pads=[2, 1], dilations=[2])],
+                   [("x", U8, ["n", 5, "t"]), ("x_zero", U8, [])], [("y", I32, None)],
+                   [numpy_helper.from_array(w, "w")])
+    _check(model, [({"n": n, "t": t}, {"x": _ints(rng, np.uint8, (n, 5, t)), "x_zero": np.array(zp, np.uint8)})
+                   for n, t, zp in [(1, 6, 0), (2, 19, 131)]])
+
+
 def test_conv_integer_per_channel_weight_zero_point_against_numpy():
     """A per-output-channel w_zero_point (the ONNX spec allows it; onnxruntime takes a scalar
     one) against the int64 definition; 27 taps (an odd depth)."""
