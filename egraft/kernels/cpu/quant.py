@@ -105,24 +105,25 @@ def _param_index(ctx: KernelContext, i: int, channel: ir.Value | None) -> ir.Val
     return channel
 
 
-def _per_axis_loops(ctx: KernelContext, axis: int | None, body) -> None:
-    """``body(index, channel)`` for every element of input 0 (``channel``: its index along
-    ``axis``, constant 0 per tensor); the parameters of a channel are loaded by ``body`` once
-    per channel when it calls ``per_channel`` (see the callers)."""
+def _per_axis_loops(ctx: KernelContext, axis: int | None, params, element) -> None:
+    """``element(index, *params(channel))`` for every element of input 0: ``params`` loads the
+    scale and zero point of a channel (its index along ``axis``; ``None`` per tensor), once
+    per channel, or once for the whole tensor when ``axis`` is ``None``."""
     shape = ctx.shape(ctx.in_type(0))
     b = ctx.builder
     if axis is None:
+        loaded = params(None)
         with ctx.loop(ctx.numel(shape), name="i") as i:
-            body(i, None)
+            element(i, *loaded)
         return
     outer, channels, inner = _numel(shape[:axis]), shape[axis], _numel(shape[axis + 1:])
     inner_v, channels_v = ctx.dim(inner), ctx.dim(channels)
     with ctx.loop(ctx.dim(outer), name="o") as o:
         with ctx.loop(channels_v, name="c") as c:
             base = b.mul(b.add(b.mul(o, channels_v), c), inner_v)
-            params = body(None, c)
+            loaded = params(c)
             with ctx.loop(inner_v, name="j") as j:
-                params(b.add(base, j))
+                element(b.add(base, j), *loaded)
 
 
 # ---- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear ----------------------------------------
@@ -158,16 +159,10 @@ def quantize_linear(ctx: KernelContext) -> None:
         zero = ir.Constant(F32, 0.0) if zp is None else b.sitofp(_widen(b, b.load(b.gep(zp, [at[1]])), dtype), F32)
         return scale, zero
 
-    def element(i, c):
-        if i is not None:
-            scale, zero = fixed
-            b.store(b.trunc(_quantize(ctx, b.load(b.gep(x, [i])), scale, zero, dtype), I8), b.gep(y, [i]))
-            return None
-        scale, zero = params(c)
-        return lambda j: b.store(b.trunc(_quantize(ctx, b.load(b.gep(x, [j])), scale, zero, dtype), I8), b.gep(y, [j]))
+    def element(j, scale, zero):
+        b.store(b.trunc(_quantize(ctx, b.load(b.gep(x, [j])), scale, zero, dtype), I8), b.gep(y, [j]))
 
-    fixed = params(None) if axis is None else None
-    _per_axis_loops(ctx, axis, element)
+    _per_axis_loops(ctx, axis, params, element)
 
 
 @register_kernel("DequantizeLinear")
@@ -187,19 +182,11 @@ def dequantize_linear(ctx: KernelContext) -> None:
         zero = ir.Constant(I32, 0) if zp is None else _widen(b, b.load(b.gep(zp, [at[1]])), dtype)
         return scale, zero
 
-    def value(j, scale, zero):
+    def element(j, scale, zero):
         diff = b.sub(_widen(b, b.load(b.gep(x, [j])), dtype), zero)
         b.store(b.fmul(b.sitofp(diff, F32), scale), b.gep(y, [j]))
 
-    def element(i, c):
-        if i is not None:
-            value(i, *fixed)
-            return None
-        scale, zero = params(c)
-        return lambda j: value(j, scale, zero)
-
-    fixed = params(None) if axis is None else None
-    _per_axis_loops(ctx, axis, element)
+    _per_axis_loops(ctx, axis, params, element)
 
 
 @register_kernel("DynamicQuantizeLinear")
