@@ -12,13 +12,19 @@ Semantics follow onnxruntime's CPU kernels bit for bit:
 - the integer products accumulate ``(a - a_zero_point) * (b - b_zero_point)`` exactly in
   int32 (no int16 saturation).
 
-MatMulInteger needs a constant ``B`` (2-D) and ``b_zero_point``: ``B - b_zero_point`` is
-repacked at compile time into panels of ``NR`` int16 columns (:func:`pack_integer_panels`),
-and the product runs in register tiles of ``MR`` rows by ``NR`` columns of int32 vectors,
-widened from int8 on the fly; panels are split over threads.
+MatMulInteger needs a constant 2-D ``B`` and ``b_zero_point``; ConvInteger with one group
+is the same product over the output pixels (rows) and the taps (depth), its weights the
+constant. ``B`` is packed at compile time into panels of ``nr`` columns (two vectors of
+int32 lanes). Per tile of ``rows`` rows, the rows of A (for ConvInteger, each pixel's taps)
+are written to the thread's scratch; then every panel of the thread's share accumulates
+the tile's ``rows x nr`` outputs in registers (:func:`_emit_pair_gemm`), with one of the
+forms of :class:`PairProduct`: ``vpdpbusd`` on the raw bytes with AVX-512 VNNI (the zero
+points enter afterwards through row and column sums, :class:`_ZeroPoints`), ``vpmaddwd``
+on int16 pairs of the operands minus their zero points otherwise.
 
 Example: ``MatMulInteger(a: u8[batch, seq, 512], B: i8[512, 384] (constant), a_zp: u8[], b_zp: i8[])``
-is one ``(batch*seq) x 512 @ 512 x 384`` product over 24 panels of 16 columns (AVX-512).
+is one ``(batch*seq) x 512 @ 512 x 384`` product over 12 panels of 32 columns, 8 rows at a
+time (AVX-512).
 """
 
 from __future__ import annotations
