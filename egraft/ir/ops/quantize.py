@@ -198,15 +198,16 @@ def _dynamic_quantize_linear(ctx, x):
 
     ``y_scale = (max - min) / 255``; ``y_zero_point = round(clip(-min / y_scale, 0, 255))``;
     ``y = saturate(round(x / y_scale) + y_zero_point)``, all in float32 with rounding half
-    to even. When x is all zeros the scale is 0 (the formula's value) and y and the zero
-    point are 0.
+    to even. When x is all zeros the formula's scale is 0; the scale is then 1, as
+    onnxruntime gives (a scale of 0 would make every later dequantization a division by
+    zero), and y and the zero point are 0.
     """
     x = x.astype(np.float32)
     lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
     hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32((hi - lo) / np.float32(255))
     if scale == 0:
-        return [np.zeros(x.shape, np.uint8), np.array(scale, np.float32), np.array(0, np.uint8)]
+        return [np.zeros(x.shape, np.uint8), np.array(1, np.float32), np.array(0, np.uint8)]
     zero_point = np.rint(np.clip(np.float32(0) - lo / scale, np.float32(0), np.float32(255)))
     q = np.rint(x / scale).astype(np.float64) + float(zero_point)
     return [_saturate(q, DType.UINT8), np.array(scale, np.float32), np.array(zero_point, np.uint8)]
