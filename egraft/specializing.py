@@ -7,11 +7,11 @@ the variant: the model compiled with those dims bound (``compile(model, shape=..
 static shapes, so the layout rules and the static kernels apply). Any other call runs
 the generic build at once and, the first time that binding is seen, asks for its variant.
 
-Variants are built in a separate process (a fresh ``python`` at low priority that
-compiles into the compile cache), never in the calling process: a compile there would
-hold the interpreter lock and slow the very calls it should speed up. A thread waits for
-the worker and then reads the finished build from the cache (milliseconds), so no call
-waits for a compile.
+Variants are built in a separate process (:func:`egraft.background.call_in_worker`: a
+fresh ``python`` at low priority that compiles into the compile cache), never in the
+calling process: a compile there would hold the interpreter lock and slow the very calls
+it should speed up. A thread waits for the worker and then reads the finished build from
+the cache (milliseconds), so no call waits for a compile.
 At most :data:`MAX_VARIANTS` bindings get variants; later ones stay on the generic build.
 
 Example:
@@ -24,11 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import os
-import pickle
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -44,33 +39,12 @@ SPECIALIZE = ("off", "auto")
 #: One variant builds at a time, process-wide (each build is a whole compile).
 _ONE_BUILD = threading.Lock()
 
-#: The worker: lowers its priority, then compiles the model of the pickled request into the cache.
-_WORKER = """
-import os, pickle, sys
-os.nice(10)
-with open(sys.argv[1], "rb") as f:
-    request = pickle.load(f)
-import egraft
-egraft.compile(request["model"], shape=request["shape"], use_cache=True, **request["options"])
-"""
+def build_variant_into_cache(model, shape: dict[str, int], options: dict) -> None:
+    """In a worker process (:func:`egraft.background.call_in_worker`): compile ``model``
+    specialized to ``shape`` into the compile cache."""
+    import egraft
 
-
-def _build_into_cache(model, shape: dict[str, int], options: dict) -> None:
-    """Compile ``model`` specialized to ``shape`` into the compile cache, in a fresh Python
-    process (``python -c``: no fork of the caller's threads, no re-import of its main
-    module); raises ``RuntimeError`` with the worker's last error line when it fails."""
-    from egraft.compile_cache import _source_digest
-
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-               EGRAFT_SOURCE_DIGEST=_source_digest())  # the key this process will look the variant up by
-    with tempfile.TemporaryDirectory(prefix="egraft-variant-") as folder:
-        request = Path(folder) / "request.pkl"
-        request.write_bytes(pickle.dumps({"model": model, "shape": shape, "options": options}))
-        done = subprocess.run([sys.executable, "-c", _WORKER, str(request)], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise RuntimeError(lines[-1] if lines else f"the worker exited with {done.returncode}")
+    egraft.compile(model, shape=shape, use_cache=True, **options)
 
 
 class SpecializingModel:
@@ -146,11 +120,12 @@ class SpecializingModel:
     def _build(self, key: tuple) -> None:
         """On a thread of its own: the worker builds the variant, then it is read from the cache."""
         import egraft
+        from egraft.background import call_in_worker
 
         shape = {**self._shape, **dict(key)}
         try:
             with _ONE_BUILD:
-                _build_into_cache(self._model, shape, self._options)
+                call_in_worker("egraft.specializing:build_variant_into_cache", self._model, shape, self._options)
             variant = egraft.compile(self._model, shape=shape, use_cache=True, **self._options)
             variant.threads = self.generic.threads
         except Exception as e:  # a variant is an optimization: the generic build keeps serving
@@ -161,6 +136,7 @@ class SpecializingModel:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every variant asked for so far is ready (or failed)."""
+        self.generic.wait(timeout)  # the generic build's own (If rank) variants
         deadline = None if timeout is None else time.monotonic() + timeout
         while any(s == "building" for s in self._state.values()):
             if deadline is not None and time.monotonic() > deadline:

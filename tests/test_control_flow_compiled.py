@@ -387,7 +387,8 @@ def test_ranks_a_run_shows_give_a_variant():
     """Without bound dims y's rank is known only at run time, so the nodes after it fall back
     in the generic build. A run notes y's rank and compiles a variant typed with it (every
     node then has generated code); a call where y has the other rank fails the variant's
-    check, runs generically and adds the second variant. Every result matches onnxruntime."""
+    check, runs generically and adds the second variant, each built in the background while
+    the generic program serves. Every result matches onnxruntime."""
     model = rank_by_length()
     compiled = egraft.compile(model.SerializeToString(), use_cache=False)
     assert compiled.variants() == []
@@ -398,6 +399,7 @@ def test_ranks_a_run_shows_give_a_variant():
         got = compiled.run(feeds)["out"]
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6)
+        compiled.wait(timeout=300)  # variants build in a worker process: the call did not wait for it
     variants = compiled.variants()
     assert len(variants) == 2  # y: f32[1, n] (n > 1) and f32[1] (n == 1)
     for variant in variants:

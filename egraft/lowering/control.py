@@ -302,10 +302,12 @@ class RankedVariants:
     a run (:func:`ranked_graph`), so that the nodes after them run generated code.
 
     A run of the generic program notes the rank of each such output (:meth:`observe`);
-    after it, :meth:`learn` compiles the variant of those ranks (once per set of ranks, at
-    most :data:`MAX_VARIANTS`; the call that first sees them pays the compile). Later calls
-    run the latest variant; its control steps check each output's rank and raise
-    :class:`RankGuard` when it differs, and the call is run again generically.
+    after it, :meth:`learn` has the variant of those ranks built (once per set of ranks, at
+    most :data:`MAX_VARIANTS`) in the background: lowered and compiled by a worker process
+    (:func:`egraft.background.call_in_worker`), loaded here from the object cache, so no
+    call waits for a compile. Once ready, calls run the latest variant; its control steps
+    check each output's rank and raise :class:`RankGuard` when it differs, and the call is
+    run again generically. :meth:`wait` blocks until the builds asked for are done.
     """
 
     def __init__(self, graph: Graph):
@@ -316,6 +318,7 @@ class RankedVariants:
         self.variants: dict[tuple, object] = {}
         self.current = None
         self._lock = threading.Lock()
+        self._building: list[threading.Thread] = []
 
     def observe(self, name: str, ndim: int) -> None:
         if name in self.unranked:
@@ -333,16 +336,39 @@ class RankedVariants:
             if len(self.variants) >= MAX_VARIANTS:
                 return
             self.variants[key] = None  # tried: a failure is not tried again
-        from egraft.lowering.compile import compile_lowered, lower
+            thread = threading.Thread(target=self._build, args=(key,), daemon=True, name="egraft-ranked-variant")
+            self._building.append(thread)
+        thread.start()
+
+    def _build(self, key: tuple) -> None:
+        from egraft.background import call_in_worker
+        from egraft.lowering.compile import compile_lowered
 
         try:
             tag = hashlib.blake2b(repr(key).encode(), digest_size=3).hexdigest()
-            variant = compile_lowered(lower(ranked_graph(self.graph, dict(key), f"_v{tag}_")))
+            lowered = call_in_worker("egraft.lowering.control:lower_ranked", self.graph, dict(key), f"_v{tag}_")
+            variant = compile_lowered(lowered)  # the worker's object code, from the cache
         except Exception:  # a variant only saves time: whatever stops it, the generic program keeps serving
             return
         with self._lock:
             self.variants[key] = self.current = variant
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every variant asked for so far is built (or failed)."""
+        for thread in list(self._building):
+            thread.join(timeout)
+
+
+def lower_ranked(graph: Graph, ranks: dict[str, int], prefix: str):
+    """In a worker process: the graph typed with ``ranks`` (:func:`ranked_graph`), lowered,
+    its object code compiled into the cache; returns the lowered program."""
+    from egraft.lowering.compile import compile_lowered, lower
+
+    lowered = lower(ranked_graph(graph, ranks, prefix))
+    compile_lowered(lowered)
+    return lowered
+
 
 __all__ = ["CONTROL_OPS", "MAX_VARIANTS", "ControlBodies", "RankGuard", "RankedVariants", "body_graph",
-           "empty_like_type", "inline_constant_ifs", "is_control", "lower_bodies", "node_bodies", "ranked_graph"]
+           "empty_like_type", "inline_constant_ifs", "is_control", "lower_bodies", "lower_ranked", "node_bodies",
+           "ranked_graph"]

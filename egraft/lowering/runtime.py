@@ -231,6 +231,12 @@ class CompiledModel:
         return {f"{self._lowered.steps[index].node.label} / {attr}": body
                 for index, control in sorted(self._bodies.items()) for attr, body in control.compiled.items()}
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the variants being built in the background are ready (see
+        :meth:`variants`); for tests and benchmarks: calls never wait for them."""
+        if self._variants is not None:
+            self._variants.wait(timeout)
+
     def variants(self) -> list[CompiledModel]:
         """The programs compiled for the ranks that runs showed for If outputs whose rank is
         known only at run time (:class:`~egraft.lowering.control.RankedVariants`), newest
