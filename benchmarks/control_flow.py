@@ -68,7 +68,10 @@ def main() -> None:
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         for binding in e.bindings:
             feeds = make_feeds(e, binding)
-            error = max(compare_outputs(compiled.run(feeds), ort_outputs(path, feeds)).error for _ in range(2))
+            error = 0.0
+            for _ in range(3):  # each run may learn ranks; their variants build in the background
+                error = max(error, compare_outputs(compiled.run(feeds), ort_outputs(path, feeds)).error)
+                compiled.wait()
             generic = len(compiled.report(binding.dims).fallbacks)
             running = len(running_fallbacks(compiled, binding.dims))
             ours = median_ms(lambda: compiled.run(feeds), args.calls)

@@ -236,6 +236,11 @@ class CompiledModel:
         :meth:`variants`); for tests and benchmarks: calls never wait for them."""
         if self._variants is not None:
             self._variants.wait(timeout)
+        for variant in self.variants():
+            if variant is not self:
+                variant.wait(timeout)
+        for body in self.bodies().values():
+            body.wait(timeout)
 
     def variants(self) -> list[CompiledModel]:
         """The programs compiled for the ranks that runs showed for If outputs whose rank is
