@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
+import sympy
 
 from egraft.errors import EgraftError, ExecutionError
 from egraft.ir.assume import check_assumptions
@@ -218,6 +219,22 @@ class CompiledModel:
         self._sized_shapes: dict[tuple, list] = {}
         #: True when :func:`egraft.compile` read this model from its cache.
         self.cache_hit = False
+        self._compile_dims()
+
+    def _compile_dims(self) -> None:
+        """Compile every symbolic dim the calls evaluate (values' shapes, buffer sizes) into
+        Python now (:func:`~egraft.ir.dims.dim_function`, memoized): a call at a new shape then
+        only evaluates them, and the first call does not pay sympy's simplification."""
+        lowered = self._lowered
+        for step in lowered.steps:
+            for v in (*step.node.inputs, *step.node.outputs):
+                if v is not None and v.type.shape is not None:
+                    for d in v.type.shape:
+                        if not isinstance(d, int):
+                            dim_function(d)
+        for buffer in lowered.buffers:
+            if not isinstance(buffer.nbytes, int):
+                dim_function(sympy.sympify(buffer.nbytes))
 
     # ---- reports -------------------------------------------------------------------------------
     @property
