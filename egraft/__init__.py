@@ -15,14 +15,31 @@ Example:
 """
 
 from egraft.errors import EgraftError
-from egraft.frontend.onnx_export import save_onnx, to_onnx
-from egraft.frontend.onnx_import import load
-from egraft.ir.graph import Graph, Node, Value
-from egraft.ir.types import DType, TensorType
 
 __version__ = "0.1.0"
 
-from egraft.compiler import compile  # noqa: E402  (needs __version__)
+#: The public names and the modules that define them, imported on first use (PEP 562):
+#: ``import egraft`` (and the CLI's ``--help``) does not pay for onnx, sympy or LLVM.
+_LAZY = {
+    "load": "egraft.frontend.onnx_import", "save_onnx": "egraft.frontend.onnx_export",
+    "to_onnx": "egraft.frontend.onnx_export", "compile": "egraft.compiler", "Graph": "egraft.ir.graph",
+    "Node": "egraft.ir.graph", "Value": "egraft.ir.graph", "TensorType": "egraft.ir.types", "DType": "egraft.ir.types",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'egraft' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["load", "compile", "save_onnx", "to_onnx", "Graph", "Node", "Value", "TensorType", "DType", "EgraftError",
            "__version__"]
