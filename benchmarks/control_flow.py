@@ -14,14 +14,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import onnxruntime as ort
 
 import egraft
 from egraft.testing.corpus import entry, make_feeds, model_path
 from egraft.testing.corpus.compare import compare_outputs, ort_outputs
+from egraft.testing.timing import median_ms
 
 MODELS = ["akiki_vad", "silero_vad_16k_op15", "silero_vad_ifless_op18", "silero_vad_v5"]
 
@@ -34,17 +33,6 @@ def running_fallbacks(compiled, dims) -> list[tuple[str, str, str]]:
     for name, body in program.bodies().items():
         found += [(f"{name}: {label}", op, reason) for label, op, reason in running_fallbacks(body, dims)]
     return found
-
-
-def median_ms(fn, calls: int) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -74,8 +62,8 @@ def main() -> None:
                 compiled.wait()
             generic = len(compiled.report(binding.dims).fallbacks)
             running = len(running_fallbacks(compiled, binding.dims))
-            ours = median_ms(lambda: compiled.run(feeds), args.calls)
-            theirs = median_ms(lambda: session.run(None, feeds), args.calls)
+            ours = median_ms(lambda: compiled.run(feeds), args.calls, warmup=10)
+            theirs = median_ms(lambda: session.run(None, feeds), args.calls, warmup=10)
             print(f"{name:24} {binding.label:30} {generic:7d} {running:7d} {error:9.2e} {ours:9.3f} {theirs:7.3f}")
 
 

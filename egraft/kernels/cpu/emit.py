@@ -38,6 +38,7 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
+from egraft.ir.dims import integer_fraction
 from egraft.ir.dtypes import DType
 from egraft.ir.graph import Graph, Node
 from egraft.ir.registry import NodeAttrs, OpDef
@@ -294,7 +295,7 @@ class KernelContext(NodeAttrs):
                 raise Unsupported(f"dim {e.name} is not known when the kernel runs")
             return b.load(b.gep(self.dims, [ir.Constant(I64, self._dim_index[e.name])]), name=e.name)
         if isinstance(e, sympy.floor | sympy.ceiling):
-            num, den = _integer_fraction(e.args[0])
+            num, den = integer_fraction(e.args[0])
             if den is None:
                 raise Unsupported(f"dim expression {e} has no generated code")
             n = self._dim_expr(num, b)
@@ -303,7 +304,7 @@ class KernelContext(NodeAttrs):
             n, m = self._dim_expr(e.args[0], b), int(e.args[1])
             return b.sub(n, b.mul(floor_div(b, n, m), ir.Constant(I64, m)))
         if e.is_Add or e.is_Mul or e.is_Rational:
-            num, den = _integer_fraction(e)
+            num, den = integer_fraction(e)
             if den is None:
                 raise Unsupported(f"dim expression {e} has no generated code")
             if den != 1:  # an integer-valued quotient (n*(n + 1)/2): the division is exact
@@ -530,24 +531,6 @@ class MathEmitter:
             inner = b.fmul(c(0.7978845608028654), b.fadd(x, cubic))
             return b.fmul(b.fmul(c(0.5), x), b.fadd(c(1), self.tanh(inner)))
         raise Unsupported(f"activation {name!r} has no generated code")
-
-
-def _integer_fraction(e: sympy.Expr) -> tuple[sympy.Expr, int | None]:
-    """``e`` as ``numerator / d`` with an integer-coefficient numerator and a positive
-    integer ``d`` (``h/32 - 1/32`` -> ``(h - 1, 32)``); ``d`` is ``None`` when the
-    denominator is not an integer (a symbol divides).
-
-    Example:
-        >>> h = sympy.Symbol("h", positive=True, integer=True)
-        >>> _integer_fraction(h / 32 - sympy.Rational(1, 32))
-        (h - 1, 32)
-    """
-    num, den = sympy.fraction(sympy.together(e))
-    if not den.is_Integer or int(den) == 0:
-        return e, None
-    if int(den) < 0:
-        num, den = -num, -den
-    return sympy.expand(num), int(den)
 
 
 def const64(value: int) -> ir.Constant:
