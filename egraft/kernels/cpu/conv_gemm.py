@@ -97,12 +97,17 @@ def fits(ctx: KernelContext, geo, residual: int | None, activation: str) -> bool
         return False  # depthwise
     if not Epilogue.fits(activation):
         return False
-    if residual is not None:
-        z, y = ctx.shape(ctx.in_type(residual)), ctx.shape(ctx.out_type(0))
-        same_shape = len(z) == len(y) and all(dims_equal(a, b) for a, b in zip(z, y))
-        if not same_shape or ctx.in_type(residual).dtype.short != "f32":
-            return False
-    return True
+    return residual_fits(ctx, residual)
+
+
+def residual_fits(ctx: KernelContext, residual: int | None) -> bool:
+    """Whether the library's epilogue can add input ``residual``: none, or fp32 of the
+    output's own shape."""
+    if residual is None:
+        return True
+    z, y = ctx.shape(ctx.in_type(residual)), ctx.shape(ctx.out_type(0))
+    same_shape = len(z) == len(y) and all(dims_equal(a, b) for a, b in zip(z, y))
+    return same_shape and ctx.in_type(residual).dtype.short == "f32"
 
 
 def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | None, activation: str,
@@ -149,4 +154,4 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
                             "b": at(x, x_at), **b_fields, "c": at(y, y_at), "ldc": pixels}, epilogue)
 
 
-__all__ = ["conv_tables", "pack_conv_weights", "is_plain_matrix", "fits", "emit_conv_gemm"]
+__all__ = ["conv_tables", "pack_conv_weights", "is_plain_matrix", "fits", "residual_fits", "emit_conv_gemm"]

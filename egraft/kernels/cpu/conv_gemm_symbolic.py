@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from egraft.ir.dims import dims_equal
-from egraft.kernels.cpu import conv_gemm  # noqa: F401  (registers the "conv_gemm.panels" packing)
+from egraft.kernels.cpu import conv_gemm  # also registers the "conv_gemm.panels" packing
 from egraft.kernels.cpu.emit import I64, KernelContext, ceil_div, const64, imax, imin
 from egraft.kernels.cpu.sgemm import BIAS_PER_ROW, KERNEL_SCRATCH_BYTES, MAX_SEGMENTS, Epilogue, blocking, emit_call
 
@@ -48,11 +47,8 @@ def fits(ctx: KernelContext, g, residual: int | None) -> bool:
         return False
     if g.channels // g.group == 1 and g.group > 1:
         return False  # depthwise: nothing to reuse in a product
-    if residual is not None:
-        z, y = ctx.shape(ctx.in_type(residual)), ctx.shape(ctx.out_type(0))
-        same = len(z) == len(y) and all(dims_equal(a, b) for a, b in zip(z, y))
-        if not same or ctx.in_type(residual).dtype.short != "f32":
-            return False
+    if not conv_gemm.residual_fits(ctx, residual):
+        return False
     return table_bytes(g.channels // g.group * g.k_h * g.k_w) <= KERNEL_SCRATCH_BYTES
 
 
