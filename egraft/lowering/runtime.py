@@ -1,10 +1,12 @@
 """The runtime: :class:`CompiledModel`, a compiled graph that runs on numpy arrays.
 
 A call checks the feeds (dtype, rank, dims; a wrong one is refused naming the input and
-the expected shape), binds the symbolic dims, lays out the arena for those dims (cached
-per distinct binding), fills the table of buffer addresses and runs the steps: kernels
-through one foreign call each (ctypes releases the interpreter lock while native code
-runs), fallbacks through their numpy reference kernels on views of the same buffers.
+the expected shape; shapes seen before are known good), binds the symbolic dims, fills
+the table of buffer addresses from the schedule of those dims (cached per distinct
+binding: the arena layout, views folded into offsets, :mod:`egraft.lowering.schedule`)
+and runs it: runs of kernels through one foreign call each (``egraft_run_steps``; ctypes
+releases the interpreter lock while native code runs), so a fully compiled model is one
+native call; fallbacks through their numpy reference kernels on views of the same buffers.
 
 Threads: every call has its own arena, table and dims, so one CompiledModel may be
 called from several threads at once. A kernel that computes a share of its output
@@ -49,6 +51,7 @@ from egraft.lowering.compile import Lowered
 from egraft.lowering.control import ControlBodies, RankedVariants, RankGuard, empty_like_type
 from egraft.lowering.guards import check_broadcasts
 from egraft.lowering.memory import ALIGNMENT, MemoryPlan, plan_memory
+from egraft.lowering.schedule import ARENA, INPUTS, NativeSegment, RunSchedule, build_schedule, materialize
 
 _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                  ctypes.c_void_p)
@@ -58,6 +61,9 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 MIN_PARALLEL_WORK = 1_000_000
 #: The value of a symbol no input or step has bound yet (0 is a real dim: an empty batch).
 UNBOUND = -1
+#: ``$EGRAFT_RUNTIME=steps`` runs every step from Python (as a profiled run does), not the
+#: native schedule: for debugging a kernel in isolation.
+_STEPWISE = os.environ.get("EGRAFT_RUNTIME", "") == "steps"
 
 
 def cpu_count() -> int:
@@ -94,6 +100,34 @@ def thread_scratch() -> int:
     return address
 
 
+
+
+@cache
+def _tick_clock() -> tuple[int, int, float]:
+    """``(ns, ticks, ns per tick)``: how the time-stamp counter the native schedule times
+    kernels with maps onto ``time.perf_counter_ns``, measured once per process (over 20 ms)."""
+    workers = _workers_of(os.getpid())
+    ns0, ticks0 = time.perf_counter_ns(), workers.ticks()
+    time.sleep(0.02)
+    ns1, ticks1 = time.perf_counter_ns(), workers.ticks()
+    return ns0, ticks0, (ns1 - ns0) / max(ticks1 - ticks0, 1)
+
+
+def _segment_timings(segment: NativeSegment, ticks: np.ndarray, started: int) -> list[StepTiming]:
+    """One :class:`StepTiming` per step of a native segment: each kernel's own interval (from
+    the time-stamp counter), a folded view an empty interval where it stands."""
+    ns0, ticks0, scale = _tick_clock()
+    timings, k, at = [], 0, started
+    for step in segment.steps:
+        if step.kind == "kernel":
+            start = ns0 + int((int(ticks[2 * k]) - ticks0) * scale)
+            end = ns0 + int((int(ticks[2 * k + 1]) - ticks0) * scale)
+            k += 1
+            at = end
+        else:
+            start = end = at
+        timings.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, start, end))
+    return timings
 
 
 @dataclass(frozen=True)
@@ -157,6 +191,42 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.array(array, order="C")
 
 
+class _Frame:
+    """What one thread's calls of one model reuse: the table of addresses, the dims, the
+    roots' addresses (:mod:`egraft.lowering.schedule`) and the thread's kernel scratch,
+    each with its address taken once."""
+
+    __slots__ = ("table", "table_address", "dims", "dims_address", "bases", "scratch")
+
+    def __init__(self, slots: int, symbols: int, roots: int):
+        self.table = np.zeros(max(slots, 1), np.int64)
+        self.table_address = self.table.ctypes.data
+        self.dims = np.zeros(max(symbols, 1), np.int64)
+        self.dims_address = self.dims.ctypes.data
+        self.bases = np.zeros(roots, np.int64)
+        self.scratch = thread_scratch()
+
+
+class _Roots(Mapping):
+    """The arrays a call's values are views of, by root name (:func:`schedule.materialize`):
+    the arena (``""``), the inputs, the output arrays and the constants."""
+
+    def __init__(self, constants, arena, inputs, arrays, outputs, results):
+        self._constants = constants
+        self._own = {"": arena, **{v.name: a for v, a in zip(inputs, arrays)},
+                     **{name: a for (name, _, _), a in zip(outputs, results)}}
+
+    def __getitem__(self, name):
+        found = self._own.get(name)
+        return found if found is not None else self._constants[name]
+
+    def __iter__(self):
+        return iter({**self._constants, **self._own})
+
+    def __len__(self):
+        return len(set(self._constants) | set(self._own))
+
+
 class CompiledModel:
     """A graph compiled for this CPU.
 
@@ -201,8 +271,11 @@ class CompiledModel:
         self._shape_cache: dict[tuple[int, ...], dict[str, tuple[int, ...]]] = {}
         self._placement_cache: dict[tuple[int, ...], list[tuple]] = {}
         self._plans_lock = threading.Lock()
-        self._arenas: list[np.ndarray] = []  # arenas of finished calls, for the next ones
+        self._arenas: list[tuple[np.ndarray, int]] = []  # arenas of finished calls, for the next ones
+        self._local = threading.local()  # each calling thread's _Frame
         self._work_cache: dict[tuple[int, ...], dict[int, float]] = {}
+        #: the native schedule and arena size by (threads, dims)
+        self._schedules: dict[tuple[int, ...], tuple[RunSchedule, int]] = {}
         self._opsets = {step.index: node_opset(self.graph, step.node) for step in lowered.steps}
         #: the registry entry of every fallback step, resolved once
         self._fallback_ops = {step.index: resolve_op(step.node, self._opsets[step.index])
@@ -219,6 +292,9 @@ class CompiledModel:
         self._sized_shapes: dict[tuple, list] = {}
         #: True when :func:`egraft.compile` read this model from its cache.
         self.cache_hit = False
+        #: the inputs' names and dtypes, and the checked dims of the feed shapes seen (see run)
+        self._input_dtypes = [(v.name, v.type.dtype.numpy) for v in self.graph.inputs]
+        self._feed_bindings: dict[tuple, Mapping[str, int]] = {}
         self._compile_dims()
 
     def _compile_dims(self) -> None:
@@ -265,6 +341,20 @@ class CompiledModel:
         last; a call runs the newest."""
         found = self._variants.variants.values() if self._variants is not None else []
         return [v for v in found if v is not None]
+
+    def run_schedule(self, bindings: Mapping[str, int] | None = None) -> RunSchedule:
+        """How a call at ``bindings`` (the inputs' symbolic dims; by default
+        :func:`~egraft.ir.work.default_dim`) runs: its native segments and the steps Python
+        runs between them (:mod:`egraft.lowering.schedule`), at this model's ``threads``."""
+        from egraft.ir.dims import dim_symbols
+        from egraft.ir.work import default_dim
+
+        given = dict(bindings or {})
+        fed = {s for v in self.graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
+        key = (max(int(self.threads), 1),
+               *[given.get(s, default_dim(s) if s in fed else UNBOUND) for s in self._lowered.symbols])
+        found = self._schedules.get(key)
+        return (found or self._schedule(key))[0]
 
     def memory_plan(self, bindings: Mapping[str, int] | None = None) -> MemoryPlan:
         """The arena layout at ``bindings`` (every symbolic dim of the graph's buffers)."""
@@ -337,10 +427,31 @@ class CompiledModel:
 
         ``profile``, when given, receives one :class:`StepTiming` per step (start and end
         in ``time.perf_counter_ns`` units)."""
+        key = self._feeds_key(feeds)
+        if key is not None:  # feeds of shapes seen before: their dims are known good
+            bindings = self._feed_bindings.get(key)
+            if bindings is not None:
+                return self._run_any(feeds, bindings, profile)
         arrays, bindings = check_feeds(self.graph, feeds)
         if self._lowered.assumptions:  # refused naming the assumption; adds the quotient dims (h_q32)
             bindings = check_assumptions(self._lowered.assumptions, bindings)
+        if key is not None and len(self._feed_bindings) < 1024:
+            self._feed_bindings[key] = bindings
         return self._run_any(arrays, bindings, profile)
+
+    def _feeds_key(self, feeds: Mapping[str, np.ndarray]) -> tuple | None:
+        """The feeds' shapes when they are numpy arrays of the inputs' dtypes under exactly
+        the inputs' names, else ``None`` (then :func:`check_feeds` checks them in full)."""
+        specs = self._input_dtypes
+        if len(feeds) != len(specs):
+            return None
+        shapes = []
+        for name, dtype in specs:
+            array = feeds.get(name)
+            if type(array) is not np.ndarray or array.dtype != dtype:
+                return None
+            shapes.append(array.shape)
+        return tuple(shapes)
 
     def run_body(self, feeds: Mapping[str, np.ndarray], outer: Mapping[str, int]) -> dict[str, np.ndarray]:
         """Run as the body of a control step: ``feeds`` by input name (the body's inputs
@@ -383,22 +494,132 @@ class CompiledModel:
 
     def _execute(self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int],
                  profile: list | None) -> dict[str, np.ndarray]:
+        """One run: the native schedule (:mod:`egraft.lowering.schedule`) in as few native
+        calls as the steps allow (one for a fully compiled model), each kernel timed when
+        ``profile`` is given; step by step from Python when ``$EGRAFT_RUNTIME`` is ``steps``."""
+        if _STEPWISE:
+            return self._execute_steps(arrays, bindings, profile)
+        lowered = self._lowered
+        threads = max(int(self.threads), 1)
+        key = (threads, *[bindings.get(s, UNBOUND) for s in lowered.symbols])
+        found = self._schedules.get(key)
+        if found is None:
+            found = self._schedule(key)
+        schedule, peak = found
+        frame = getattr(self._local, "frame", None)
+        if frame is None:
+            frame = self._local.frame = _Frame(len(lowered.slots), len(lowered.symbols),
+                                               INPUTS + len(self.graph.inputs) + len(self.graph.outputs))
+        if len(key) > 1:
+            frame.dims[:] = key[1:]
+        arena, bases = self._take_arena(peak), frame.bases
+        bases[ARENA] = arena[1]
+        inputs = []
+        for k, v in enumerate(self.graph.inputs):
+            array = arrays[v.name]
+            if not array.flags.c_contiguous:
+                array = _contiguous(array)
+            inputs.append(array)
+            bases[INPUTS + k] = array.ctypes.data
+        results = []
+        k = INPUTS + len(inputs)
+        for _, shape, dtype in schedule.outputs:
+            array = np.empty(shape, dtype)
+            results.append(array)
+            bases[k] = array.ctypes.data
+            k += 1
+        table = frame.table
+        np.add(schedule.offsets, bases[schedule.roots], out=table)
+        workers, scratch = _workers_of(os.getpid()), frame.scratch
+        env: dict[str, np.ndarray] = {}
+        roots = bound = None
+        for segment in schedule.segments:
+            if type(segment) is NativeSegment:
+                if profile is not None:
+                    self._profile_segment(segment, frame, workers, profile)
+                elif segment.count:
+                    workers.run_steps(segment.kernels_address, segment.parts_address, segment.count,
+                                      frame.table_address, frame.dims_address, scratch)
+                continue
+            if roots is None:  # a step Python runs: the values it reads, as arrays
+                roots = _Roots(self._constants, arena[0], self.graph.inputs, inputs, schedule.outputs, results)
+                bound = {s: int(d) for s, d in zip(lowered.symbols, frame.dims) if d != UNBOUND}
+            node = segment.node
+            for v in (*node.inputs, *node.outputs):
+                if v is not None and v.name not in env and v.name in schedule.locate:
+                    env[v.name] = materialize(schedule, v.name, roots, v.type.dtype.numpy,
+                                              lambda v=v: self._shape(v, bound))
+            started = time.perf_counter_ns() if profile is not None else 0
+            self._run_step(segment, env, table, bound, frame.dims, threads, workers, None, scratch)
+            if profile is not None:
+                profile.append(StepTiming(segment.index, node.label, node.op, segment.kind, started,
+                                          time.perf_counter_ns()))
+        outputs = {}
+        for v, (where, index) in zip(self.graph.outputs, schedule.graph_outputs):
+            if where == "result":
+                outputs[v.name] = results[index]
+            elif v.const is not None:
+                outputs[v.name] = np.array(lowered.graph.constants[v.const])
+            elif v.name in env:
+                outputs[v.name] = env[v.name]
+            else:
+                if roots is None:
+                    roots = _Roots(self._constants, arena[0], self.graph.inputs, inputs, schedule.outputs, results)
+                    bound = {s: int(d) for s, d in zip(lowered.symbols, frame.dims) if d != UNBOUND}
+                outputs[v.name] = materialize(schedule, v.name, roots, v.type.dtype.numpy,
+                                              lambda v=v: self._shape(v, bound))
+        self._give_back_arena(arena)  # outputs never alias it: the next call may reuse it
+        return outputs
+
+    @staticmethod
+    def _profile_segment(segment: NativeSegment, frame: _Frame, workers: NativeWorkers, profile: list) -> None:
+        ticks = np.zeros(2 * max(segment.count, 1), np.int64)
+        started = time.perf_counter_ns()
+        if segment.count:
+            workers.run_steps(segment.kernels_address, segment.parts_address, segment.count, frame.table_address,
+                              frame.dims_address, frame.scratch, ticks.ctypes.data)
+        profile.extend(_segment_timings(segment, ticks, started))
+
+    def _schedule(self, key: tuple[int, ...]) -> tuple[RunSchedule, int]:
+        """The native schedule for ``key`` (threads, then each symbol's value), built once
+        (see :mod:`egraft.lowering.schedule`), and the arena bytes it needs."""
+        lowered = self._lowered
+        threads = key[0]
+        bound = {s: int(v) for s, v in zip(lowered.symbols, key[1:]) if v != UNBOUND}
+        plan = self.memory_plan(bound)
+        self._shapes(bound)
+        split = self._split_work(bound) if threads > 1 else {}
+        parts = min(threads, _workers_of(os.getpid()).count + 1)
+
+        def parts_of(step) -> int:
+            return parts if split.get(step.index, 0) >= MIN_PARALLEL_WORK else 1
+
+        schedule = build_schedule(lowered, self.graph, self._constants, plan, bound,
+                                  lambda v: self._shape(v, bound), self._addresses, parts_of)
+        found = (schedule, max(plan.peak, 1))
+        with self._plans_lock:
+            if len(self._schedules) < 256:
+                self._schedules[key] = found
+        return found
+
+    def _execute_steps(self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int],
+                       profile: list | None) -> dict[str, np.ndarray]:
+        """One run, step by step from Python (each step timed when ``profile`` is given)."""
         lowered = self._lowered
         symbols = lowered.symbols
         dims = np.array([bindings.get(s, UNBOUND) for s in symbols], np.int64)
         bound = {s: int(v) for s, v in zip(symbols, dims) if v != UNBOUND}  # 0 is a dim: an empty batch
         plan = self.memory_plan(bound)
         self._shapes(bound)  # computed once per binding; _shape looks them up
-        arena = self._take_arena(max(plan.peak, 1))
+        arena_and_address = self._take_arena(max(plan.peak, 1))
+        arena = arena_and_address[0]
         table = np.zeros(len(lowered.slots), np.uint64)
         env: dict[str, np.ndarray] = {}
 
-        def place(v: Value, array: np.ndarray) -> None:
+        for v in self.graph.inputs:
+            array = _contiguous(arrays[v.name])
             env[v.name] = array
             table[lowered.slots[v.name]] = array.ctypes.data
-
-        for v in self.graph.inputs:
-            place(v, _contiguous(arrays[v.name]))
         for name, array in self._constants.items():
             env[name] = array
             table[lowered.slots[name]] = array.ctypes.data
@@ -411,7 +632,6 @@ class CompiledModel:
                 array = np.empty(shape, dtype)
             env[name] = array
             table[slot] = array.ctypes.data
-        table_address, dims_address = table.ctypes.data, dims.ctypes.data
         scratch = thread_scratch()
         clock = time.perf_counter_ns
         threads = max(int(self.threads), 1)
@@ -419,48 +639,62 @@ class CompiledModel:
         split = self._split_work(bound) if workers is not None else {}
         for step in lowered.steps:
             started = clock() if profile is not None else 0
-            if step.kind == "kernel":
-                if step.sized_by_inputs:
-                    self._bind_output_dims(step, env, bound, dims)
-                if step.guards:
-                    check_broadcasts(step.node.label, step.guards, bound)
-                for v in step.node.outputs:
-                    if v is not None and v.name in lowered.dynamic:
-                        place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
-                function = self._functions[step.index]
-                if threads > 1 and split.get(step.index, 0) >= MIN_PARALLEL_WORK:
-                    workers.run(self._addresses[step.index], table_address, dims_address, threads, scratch)
-                else:
-                    function(table_address, dims_address, 0, 1, scratch)
-            elif step.kind == "view":
-                out = step.node.outputs[0]
-                source = env[step.node.inputs[0].name] if step.node.inputs[0].const is None \
-                    else self._constants[step.node.inputs[0].name]
-                shape = self._shape(out, bound)
-                if step.offset or step.node.op == "Slice":
-                    count = int(np.prod(shape))
-                    place(out, source.reshape(-1)[step.offset:step.offset + count].reshape(shape))
-                else:
-                    place(out, source.reshape(shape))
-            else:
-                self._fallback(step, env, table, bound, dims)
+            self._run_step(step, env, table, bound, dims, threads, workers, split, scratch)
             if profile is not None:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
         outputs = {v.name: env[v.name] if v.const is None else np.array(lowered.graph.constants[v.const])
                    for v in self.graph.outputs}
-        self._give_back_arena(arena)  # outputs never alias it: the next call may reuse it
+        self._give_back_arena(arena_and_address)  # outputs never alias it: the next call may reuse it
         return outputs
 
-    def _take_arena(self, nbytes: int) -> np.ndarray:
-        """An arena of at least ``nbytes``: one a finished call gave back (its pages are
-        already mapped: no page faults), else a new one."""
+    def _run_step(self, step, env: dict, table: np.ndarray, bound: dict, dims: np.ndarray, threads: int,
+                  workers: NativeWorkers | None, split: Mapping[int, float] | None, scratch: int) -> None:
+        """Run one step from Python: a kernel (its ``split`` work decides its parts; ``None``:
+        the schedule's rule), a view, a reference kernel or a control step."""
+        lowered = self._lowered
+
+        def place(v: Value, array: np.ndarray) -> None:
+            env[v.name] = array
+            table[lowered.slots[v.name]] = array.ctypes.data
+
+        if step.kind == "kernel":
+            if step.sized_by_inputs:
+                self._bind_output_dims(step, env, bound, dims)
+            if step.guards:
+                check_broadcasts(step.node.label, step.guards, bound)
+            for v in step.node.outputs:
+                if v is not None and v.name in lowered.dynamic:
+                    place(v, np.empty(self._shape(v, bound), v.type.dtype.numpy))
+            if split is None and threads > 1 and step.parallel:
+                split = self._split_work(bound)
+            if threads > 1 and workers is not None and (split or {}).get(step.index, 0) >= MIN_PARALLEL_WORK:
+                workers.run(self._addresses[step.index], table.ctypes.data, dims.ctypes.data, threads, scratch)
+            else:
+                self._functions[step.index](table.ctypes.data, dims.ctypes.data, 0, 1, scratch)
+        elif step.kind == "view":
+            out = step.node.outputs[0]
+            source = env[step.node.inputs[0].name] if step.node.inputs[0].const is None \
+                else self._constants[step.node.inputs[0].name]
+            shape = self._shape(out, bound)
+            if step.offset or step.node.op == "Slice":
+                count = int(np.prod(shape))
+                place(out, source.reshape(-1)[step.offset:step.offset + count].reshape(shape))
+            else:
+                place(out, source.reshape(shape))
+        else:
+            self._fallback(step, env, table, bound, dims)
+
+    def _take_arena(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """An arena of at least ``nbytes`` and its address: one a finished call gave back
+        (its pages are already mapped: no page faults), else a new one."""
         with self._plans_lock:
             for k, arena in enumerate(self._arenas):
-                if arena.nbytes >= nbytes:
+                if arena[0].nbytes >= nbytes:
                     return self._arenas.pop(k)
-        return _aligned_empty(nbytes)
+        array = _aligned_empty(nbytes)
+        return array, array.ctypes.data
 
-    def _give_back_arena(self, arena: np.ndarray) -> None:
+    def _give_back_arena(self, arena: tuple[np.ndarray, int]) -> None:
         with self._plans_lock:
             if len(self._arenas) < 4:  # enough for a few concurrent callers
                 self._arenas.append(arena)

@@ -9,7 +9,8 @@ posted kernel, counts itself done and waits again: spinning (``pause``) for a wh
 each job, then sleeping on a futex until the next post wakes it.
 
 ``egraft_parallel(state, kernel, table, dims, parts, scratch)`` posts a kernel, runs part
-0 on the calling thread and spins until every worker is done. One caller owns the
+0 on the calling thread and spins until every worker is done. ``egraft_run_steps`` runs a
+whole run of kernels in one call (the runtime's schedule: one foreign call per run). One caller owns the
 workers at a time (a compare-and-swap on ``busy``); a caller that finds them busy runs
 its kernel alone, so concurrent callers never oversubscribe the cores.
 
@@ -141,6 +142,53 @@ def _module_text() -> str:
     b.position_at_end(finish)
     atomic_store(b, ir.Constant(I64, 0), field(b, state, BUSY))
     b.ret(parts)
+
+    # ---- i64 egraft_ticks(): the CPU's time-stamp counter
+    ticks_fn = ir.Function(module, ir.FunctionType(I64, []), "egraft_ticks")
+    counter = ir.Function(module, ir.FunctionType(I64, []), "llvm.readcyclecounter")
+    b = ir.IRBuilder(ticks_fn.append_basic_block("entry"))
+    b.ret(b.call(counter, []))
+
+    # ---- void egraft_run_steps(i64* state, i64 workers, i64* kernels, i64* parts, i64 count,
+    #                            i64 table, i64 dims, i8* scratch, i64* ticks)
+    # a run of kernels, one after the other: kernel k in parts[k] parts (on the workers when > 1);
+    # when ticks is not null, the counter before and after kernel k in ticks[2k], ticks[2k + 1]
+    steps = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64.as_pointer(),
+                                                                I64.as_pointer(), I64, I64, I64, I8P,
+                                                                I64.as_pointer()]),
+                        "egraft_run_steps")
+    state, workers, kernels, parts_of, count, table, dims, scratch, ticks = steps.args
+    entry, head, body, split, serial, step_done, done = (steps.append_basic_block(n) for n in (
+        "entry", "head", "body", "split", "serial", "step_done", "done"))
+    b = ir.IRBuilder(entry)
+    k = b.alloca(I64, name="k")
+    b.store(ir.Constant(I64, 0), k)
+    b.branch(head)
+    b.position_at_end(head)
+    index = b.load(k)
+    b.cbranch(b.icmp_signed("<", index, count), body, done)
+    b.position_at_end(body)
+    timed = b.icmp_unsigned("!=", b.ptrtoint(ticks, I64), ir.Constant(I64, 0))
+    with b.if_then(timed):
+        b.store(b.call(counter, []), b.gep(ticks, [b.mul(index, ir.Constant(I64, 2))]))
+    kernel_address = b.load(b.gep(kernels, [index]))
+    parts = b.load(b.gep(parts_of, [index]))
+    b.cbranch(b.icmp_signed(">", parts, ir.Constant(I64, 1)), split, serial)
+    b.position_at_end(split)
+    b.call(run, [state, kernel_address, table, dims, parts, scratch, workers])
+    b.branch(step_done)
+    b.position_at_end(serial)
+    b.call(b.inttoptr(kernel_address, KERNEL.as_pointer()),
+           [b.inttoptr(table, I8P.as_pointer()), b.inttoptr(dims, I64.as_pointer()), ir.Constant(I64, 0),
+            ir.Constant(I64, 1), scratch])
+    b.branch(step_done)
+    b.position_at_end(step_done)
+    with b.if_then(b.icmp_unsigned("!=", b.ptrtoint(ticks, I64), ir.Constant(I64, 0))):
+        b.store(b.call(counter, []), b.gep(ticks, [b.add(b.mul(index, ir.Constant(I64, 2)), ir.Constant(I64, 1))]))
+    b.store(b.add(index, ir.Constant(I64, 1)), k)
+    b.branch(head)
+    b.position_at_end(done)
+    b.ret_void()
     return str(module)
 
 
@@ -152,9 +200,14 @@ class NativeWorkers:
         self.count = len(scratch)
         self._jit = JitModule(_module_text())
         self._state = np.zeros(STATE_FIELDS, np.int64)
+        self._state_address = self._state.ctypes.data
         self._run = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
             self._jit.address("egraft_parallel"))
+        self._run_steps = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                           ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                           ctypes.c_void_p)(self._jit.address("egraft_run_steps"))
+        self._ticks = ctypes.CFUNCTYPE(ctypes.c_int64)(self._jit.address("egraft_ticks"))
         loop = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)(
             self._jit.address("egraft_worker"))
         self._scratch = scratch
@@ -165,11 +218,23 @@ class NativeWorkers:
             thread.start()
             self._threads.append(thread)
 
+    def run_steps(self, kernels: int, parts: int, count: int, table: int, dims: int, scratch: int,
+                  ticks: int | None = None) -> None:
+        """Run ``count`` kernels in order (``kernels`` and ``parts``: addresses of ``i64``
+        arrays, each kernel's address and the parts to split it into, at most ``count + 1``;
+        1 runs it on this thread alone) in one native call. ``ticks``, when given, is the
+        address of ``2 * count`` ``i64``: each kernel's start and end on :meth:`ticks`' clock."""
+        self._run_steps(self._state_address, self.count, kernels, parts, count, table, dims, scratch, ticks)
+
+    def ticks(self) -> int:
+        """The CPU's time-stamp counter (see :func:`tick_ns`)."""
+        return self._ticks()
+
     def run(self, kernel: int, table: int, dims: int, parts: int, scratch: int) -> int:
         """Run ``kernel`` in ``parts`` parts (at most ``count + 1``): part 0 here, the others
         on the workers; returns the parts it ran in (1 if another caller had the workers)."""
         parts = max(1, min(parts, self.count + 1))
-        return self._run(self._state.ctypes.data, kernel, table, dims, parts, scratch, self.count)
+        return self._run(self._state_address, kernel, table, dims, parts, scratch, self.count)
 
 
 __all__ = ["NativeWorkers"]
