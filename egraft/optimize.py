@@ -106,5 +106,6 @@ def optimize(graph: Graph, rule_paths: Sequence[str | Path] = (), rules_off: Seq
     extraction = extract(snapshot, model, extractor, time_limit=time_limit)
     optimized, node_classes = rebuild(snapshot, extraction.choice)
     seconds["extract"] = time.perf_counter() - t
+    state.release()  # freed here, not by the cycle collector on another thread
     return OptimizeResult(optimized, source, report, rulesets, seconds, extraction, model, snapshot, node_classes,
                           files, list(rules_off), dict(bindings or {}), budget or Budget(), time_limit)

@@ -107,6 +107,28 @@ def test_batched_matmul_symbolic_batch_both_operands():
         np.testing.assert_allclose(compiled.run(feeds)["y"], feeds["a"] @ feeds["b"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_products_of_few_rows_take_the_short_tiles_and_stay_exact(trans_b):
+    """A symbolic M goes to the GEMM library, whose tiles are MR rows; at run time M may be
+    1..MR (a batch of one): each count of rows takes the shortest tile that holds it (1, 2,
+    4, 8 rows) or the full one, with the bias and activation epilogue, against float64."""
+    k, n = 70, 83  # a last panel of a few columns, and K not a multiple of the unrolling
+    w, bias = _f32(*((n, k) if trans_b else (k, n))), _f32(n)
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["g"], transB=trans_b)
+    graph = helper.make_graph([node, helper.make_node("Relu", ["g"], ["y"])], "rows",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = egraft.compile(model, use_cache=False)
+    assert not compiled.report().fallbacks
+    weights = (w.T if trans_b else w).astype(np.float64)
+    for m in (1, 2, 3, 4, 5, 8, 9, 12, 13, 25):
+        x = _f32(m, k)
+        want = np.maximum(x.astype(np.float64) @ weights + bias, 0)
+        assert scale_relative_error(compiled.run({"x": x})["y"], want) < 1e-5, m
+
+
 # ---- Gemm -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("trans_a", [0, 1])
 @pytest.mark.parametrize("trans_b", [0, 1])

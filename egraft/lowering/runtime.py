@@ -199,7 +199,7 @@ class _Frame:
     __slots__ = ("table", "table_address", "dims", "dims_address", "bases", "scratch")
 
     def __init__(self, slots: int, symbols: int, roots: int):
-        self.table = np.zeros(max(slots, 1), np.int64)
+        self.table = np.zeros(slots, np.int64)
         self.table_address = self.table.ctypes.data
         self.dims = np.zeros(max(symbols, 1), np.int64)
         self.dims_address = self.dims.ctypes.data
@@ -256,8 +256,7 @@ class CompiledModel:
                     self._constants[v.name] = _contiguous(np.asarray(lowered.graph.constants[v.const]))
         for name, array in lowered.derived.items():  # packed weights
             self._constants[name] = _contiguous(np.asarray(array))
-        #: Threads a call may use (parallel kernels are split into this many parts at most).
-        self.threads = default_threads()
+        self._threads = default_threads()
         self._functions = {}
         self._addresses: dict[int, int] = {}
         for step in lowered.steps:
@@ -296,6 +295,21 @@ class CompiledModel:
         self._input_dtypes = [(v.name, v.type.dtype.numpy) for v in self.graph.inputs]
         self._feed_bindings: dict[tuple, Mapping[str, int]] = {}
         self._compile_dims()
+
+    @property
+    def threads(self) -> int:
+        """Threads a call may use (parallel kernels are split into this many parts at most);
+        setting it sets the control steps' bodies' and the rank variants' too."""
+        return self._threads
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._threads = value
+        for body in self.bodies().values():
+            body.threads = value
+        for variant in self.variants():
+            if variant is not self:
+                variant.threads = value
 
     def _compile_dims(self) -> None:
         """Compile every symbolic dim the calls evaluate (values' shapes, buffer sizes) into
@@ -484,6 +498,8 @@ class CompiledModel:
             return self._execute(arrays, bindings, profile)
         variant = variants.current
         if variant is not None:
+            if variant._threads != self._threads:  # a variant built since threads was set
+                variant.threads = self._threads
             try:
                 return variant._run_any(arrays, bindings, profile)
             except RankGuard:

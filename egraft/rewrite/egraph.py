@@ -152,6 +152,17 @@ class EGraphState:
         self.input_refs: dict[str, int] = {}
         self.absent_ref: int | None = None
 
+    def release(self) -> None:
+        """Free the egglog e-graph now, on this thread. egglog's e-graph may only be freed on
+        the thread that made it, and the Python wrapper around it sits in reference cycles:
+        left to the cycle collector it may be freed on whatever thread collects (a server's
+        worker, a runtime thread), which egglog reports as an error. The state is unusable
+        afterwards (its snapshot stays valid)."""
+        inner = getattr(self.egraph, "_state", None)
+        if inner is not None and hasattr(inner, "egraph"):
+            inner.egraph = None  # the wrapper's only reference to the native e-graph (egglog pinned)
+        self.egraph = None
+
     # ---- building ------------------------------------------------------------------
     def new_ref(self, ttype) -> int:
         self.ref_types.append(ttype)

@@ -86,6 +86,11 @@ MAX_SEGMENTS = 4
 SGEMM = "egraft_sgemm"
 
 
+#: Row counts of the short micro-kernels: a tile with at most this many valid rows runs the
+#: shortest that holds them (a batch-1 product does 1 row's work, not MR's).
+SHORT_TILES = (1, 2, 4, 8)
+
+
 @dataclass(frozen=True)
 class Blocking:
     """The tile and cache-block sizes for a vector width (in floats)."""
@@ -244,16 +249,21 @@ class _Loop:
         b.position_at_end(self.done)
 
 
-def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None) -> ir.Function:
+def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
+                  rows_cap: int | None = None) -> ir.Function:
     """``micro(ap, bp, kc, c, ldc, rows, cols, first, last, bias, bias_kind, res, ldr, act, params)``:
     the ``MR x NR`` tile at ``c`` (``rows x cols`` of it valid) from packed panels. With
     ``vectors`` (fewer than ``NR / VW``), only the first ``vectors * VW`` columns are
-    computed: the narrow form for a last panel of few columns (49 = 3 x 16 + 1)."""
-    mr, nr, vw = blk.mr, blk.nr, blk.vw
+    computed: the narrow form for a last panel of few columns (49 = 3 x 16 + 1). With
+    ``rows_cap`` (fewer than ``MR``), only that many rows: the short form for a product of
+    few rows (a batch-1 Gemm whose M is symbolic), which would otherwise do MR rows' work."""
+    stride, nr, vw = blk.mr, blk.nr, blk.vw
+    mr = rows_cap or blk.mr
     halves = vectors or nr // vw
     fnty = ir.FunctionType(ir.VoidType(), [F32P, F32P, I64, F32P, I64, I64, I64, I1, I1,
                                            F32P, I64, F32P, I64, I64, F32P])
-    fn = ir.Function(module, fnty, "egraft_sgemm_micro" + ("" if halves == nr // vw else f"_{halves * vw}"))
+    fn = ir.Function(module, fnty, "egraft_sgemm_micro" + ("" if halves == nr // vw else f"_{halves * vw}")
+                     + ("" if mr == blk.mr else f"_rows{mr}"))
     fn.linkage = "internal"
     for arg in fn.args[:2] + fn.args[3:4]:
         arg.add_attribute("noalias")
@@ -274,7 +284,7 @@ def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None) 
 
     def step(kk: ir.Value) -> None:
         bv = [e.vload(bp, b.add(b.mul(kk, e.i64(nr)), e.i64(h * vw)), align=32) for h in range(halves)]
-        a_base = b.mul(kk, e.i64(mr))
+        a_base = b.mul(kk, e.i64(stride))
         for r in range(mr):
             av = e.splat(b.load(b.gep(ap, [b.add(a_base, e.i64(r))])))
             for h in range(halves):
@@ -397,6 +407,7 @@ def _library_module(blk: Blocking) -> str:
     module.triple = host_cpu()[0]
     micro = _micro_kernel(module, blk)
     narrow = _micro_kernel(module, blk, vectors=1) if blk.nr > blk.vw else None
+    short = [(cap, _micro_kernel(module, blk, rows_cap=cap)) for cap in SHORT_TILES if cap < blk.mr]
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64P]), SGEMM)
     e = _Emitter(fn, blk)
     b = e.b
@@ -491,14 +502,28 @@ def _library_module(blk: Blocking) -> str:
                                         b.gep(res, [b.add(b.mul(i, ldr), j)]))
                         args = [ap, bp, kc, cp, ldc, rows, cols, first, last, biasp, bias_kind, resp, ldr, act,
                                 params]
-                        if narrow is None:
-                            b.call(micro, args)
-                        else:
-                            with b.if_else(b.icmp_signed("<=", cols, e.i64(blk.vw))) as (few, many):
-                                with few:
-                                    b.call(narrow, args)
-                                with many:
-                                    b.call(micro, args)
+                        def full_rows() -> None:
+                            if narrow is None:
+                                b.call(micro, args)
+                            else:
+                                with b.if_else(b.icmp_signed("<=", cols, e.i64(blk.vw))) as (few, many):
+                                    with few:
+                                        b.call(narrow, args)
+                                    with many:
+                                        b.call(micro, args)
+
+                        def by_rows(options) -> None:  # the shortest tile that holds the rows
+                            if not options:
+                                full_rows()
+                                return
+                            cap, kernel = options[0]
+                            with b.if_else(b.icmp_signed("<=", rows, e.i64(cap))) as (fits, more):
+                                with fits:
+                                    b.call(kernel, args)
+                                with more:
+                                    by_rows(options[1:])
+
+                        by_rows(short)
     b.ret_void()
     return str(module)
 

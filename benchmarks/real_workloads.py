@@ -1,0 +1,174 @@
+"""Speed on real workloads: every real-model corpus entry and the nine bundled CNNs,
+egraft against onnxruntime at 1 and 2 threads, in one run.
+
+Per model (each in its own process, with a time limit, so a crash or a hang is a row, not
+the end of the run): the cold compile (``egraft.compile`` on the .onnx file into an empty
+cache: rewrite, lower, LLVM), the check of its outputs against onnxruntime (the corpus
+entry's tolerance, default 1e-3; bundled models on re-weighted weights), then per thread
+count the median latency of egraft and of onnxruntime (every optimization, that many
+intra-op threads) timed in alternating blocks, their ratio, and egraft's *overhead share*:
+(latency - time inside kernels) / latency, the kernel time read from a profiled run (the
+time-stamp counter around each kernel inside the native call). What Python runs between
+native calls (reference kernels, control steps) counts as overhead.
+
+Run: python benchmarks/real_workloads.py [--only NAME...] [--threads 1 2] [--sets corpus bundled]
+                                         [--json FILE] [--budget 2.0] [--timeout 900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # numpy stays out of the way
+    os.environ.setdefault(_var, "1")
+
+MARK = "@@real-workloads@@"
+BUNDLED = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
+           "vgg19", "zfnet512")
+
+
+def _model_and_feeds(name: str):
+    """(model path or proto, feeds, tolerance) of a corpus entry or a bundled model."""
+    if name in BUNDLED:
+        from egraft.testing.bench import zoo_model
+
+        model, feeds = zoo_model(name)
+        return model, feeds, 1e-3
+    from egraft.testing.corpus import entry, fetch, make_feeds, model_path
+
+    e = entry(name)
+    fetch([e])
+    return str(model_path(name)), make_feeds(e), e.tolerance
+
+
+def _measure(name: str, threads: list[int], budget: float) -> dict:
+    import numpy as np
+    import onnx
+
+    import egraft
+    from egraft.testing.bench import ort_session, temporary_cache
+    from egraft.testing.corpus.compare import compare_outputs
+    from egraft.testing.timing import alternating_blocks_ms
+
+    temporary_cache()
+    model, feeds, tolerance = _model_and_feeds(name)
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+    start = time.perf_counter()
+    compiled = egraft.compile(model)
+    compile_s = time.perf_counter() - start
+    compiled.run(feeds)
+    compiled.wait()  # the variants a first run asks for (If ranks) are built in the background
+    judge = ort_session(proto, threads=1, exact=True)
+    names = [o.name for o in judge.get_outputs()]
+    reference = dict(zip(names, judge.run(names, feeds)))
+    comparison = compare_outputs(compiled.run(feeds), reference)
+    row = dict(model=name, compile_s=compile_s, error=comparison.error, tolerance=tolerance,
+               fallbacks=len(compiled.report().fallbacks), runs={})
+    for count in threads:
+        compiled.threads = count
+        session = ort_session(proto, threads=count)
+        times = alternating_blocks_ms({"egraft": lambda: compiled.run(feeds),
+                                       "onnxruntime": lambda: session.run(None, feeds)}, budget_s=budget)
+        inside = []
+        for _ in range(max(3, min(50, int(0.3 / max(times["egraft"] / 1e3, 1e-6))))):
+            profile: list = []
+            compiled.run(feeds, profile=profile)
+            inside.append(sum(t.end_ns - t.start_ns for t in profile if t.kind == "kernel") / 1e6)
+        kernels_ms = float(np.median(inside))
+        row["runs"][str(count)] = dict(egraft_ms=times["egraft"], ort_ms=times["onnxruntime"],
+                                       kernels_ms=kernels_ms,
+                                       overhead=max(0.0, (times["egraft"] - kernels_ms) / times["egraft"]))
+    return row
+
+
+def _run_isolated(name: str, threads: list[int], budget: float, timeout: float) -> dict:
+    command = [sys.executable, __file__, "--worker", name, "--threads", *map(str, threads), "--budget", str(budget)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(model=name, failure=f"no result within {timeout:.0f} s")
+    for line in done.stdout.splitlines():
+        if line.startswith(MARK):
+            return json.loads(line[len(MARK):])
+    lines = [line for line in (done.stderr or "").splitlines() if line.strip()]
+    return dict(model=name, failure=lines[-1] if lines else f"exit {done.returncode}")
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    for title, names in sets.items():
+        chosen = [r for r in rows if r["model"] in names]
+        for count in threads:
+            table = Table(title=f"{title}, {count} thread{'s' if count > 1 else ''}: egraft vs onnxruntime "
+                                f"(medians of alternating blocks)")
+            for column in ("model", "egraft ms", "onnxruntime ms", "egraft / ort", "overhead share",
+                           "cold compile s", "error (tolerance)"):
+                table.add_column(column, justify="left" if column == "model" else "right")
+            ratios = []
+            for r in chosen:
+                if "failure" in r:
+                    table.add_row(r["model"], "failed", "", "", "", "", escape(r["failure"][:80]))
+                    continue
+                run = r["runs"][str(count)]
+                ratio = run["egraft_ms"] / run["ort_ms"]
+                ratios.append(ratio)
+                ok = "" if r["error"] <= r["tolerance"] else " FAIL"
+                table.add_row(r["model"], f"{run['egraft_ms']:.3g}", f"{run['ort_ms']:.3g}", f"{ratio:.2f}",
+                              f"{run['overhead']:.1%}", f"{r['compile_s']:.1f}",
+                              f"{r['error']:.1e} ({r['tolerance']:.0e}){ok}")
+            above = sum(x > 1.5 for x in ratios)
+            slowest = max((r["compile_s"] for r in chosen if "failure" not in r), default=float("nan"))
+            table.caption = (f"geometric mean egraft / onnxruntime {_geomean(ratios):.3f} over {len(ratios)} models; "
+                             f"{above} above 1.5x; slowest cold compile {slowest:.1f} s")
+            console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these models only (corpus or bundled names)")
+    parser.add_argument("--sets", nargs="+", default=["corpus", "bundled"], choices=["corpus", "bundled"])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing per model and thread count")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per model (default 900)")
+    parser.add_argument("--json", metavar="FILE", help="also write every row as JSON")
+    parser.add_argument("--worker", metavar="NAME", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(MARK + json.dumps(_measure(args.worker, args.threads, args.budget)), flush=True)
+        return
+    from egraft.testing.corpus import entries
+
+    sets = {"real-model corpus": [e.name for e in entries()], "bundled nine": list(BUNDLED)}
+    sets = {k: v for k, v in sets.items() if ("corpus" if "corpus" in k else "bundled") in args.sets}
+    if args.only:
+        sets = {k: [n for n in v if n in args.only] for k, v in sets.items()}
+    rows = []
+    for names in sets.values():
+        for name in names:
+            row = _run_isolated(name, args.threads, args.budget, args.timeout)
+            rows.append(row)
+            summary = row.get("failure") or "  ".join(
+                f"{t}t {v['egraft_ms']:.3g}/{v['ort_ms']:.3g} ms" for t, v in row["runs"].items())
+            print(f"{name}: {summary}", file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    _print(rows, args.threads, sets)
+
+
+if __name__ == "__main__":
+    main()
