@@ -40,7 +40,7 @@ def _feeds(name: str, length: int):
     from egraft.testing.corpus import Binding, entry, fetch, make_feeds, model_path
 
     e = entry(entry_name)
-    fetch([e])
+    fetch([entry_name], progress=None)
     symbols = [d for spec in e.inputs for d in spec.shape if isinstance(d, str)]
     batch, sequence = symbols[0], symbols[1]
     return str(model_path(entry_name)), make_feeds(e, Binding(dims={batch: 1, sequence: length})), e.tolerance

@@ -43,7 +43,7 @@ def _model_and_feeds(name: str):
     from egraft.testing.corpus import entry, fetch, make_feeds, model_path
 
     e = entry(name)
-    fetch([e])
+    fetch([name], progress=None)
     return str(model_path(name)), make_feeds(e), e.tolerance
 
 
