@@ -62,7 +62,7 @@ def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
             cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None,
-            specialize: str = "off", assume: Sequence[str] = ()):
+            specialize: str | None = None, assume: Sequence[str] = ()):
     """Compile ``model`` for ``target``.
 
     Args:
@@ -80,10 +80,10 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         threads: how many threads a call may use (default ``$EGRAFT_NUM_THREADS``, else
             every core this process may run on); ``compiled.threads`` changes it later.
             It does not change the compiled code.
-        specialize: ``"auto"``: also build a variant for each binding of the inputs' symbolic
-            dims the model is called with, in the background, and run it once it is ready
-            (:mod:`egraft.specializing`; variants go through the compile cache); ``"off"``:
-            the one generic build serves every shape.
+        specialize: ``"auto"`` (the default, or ``$EGRAFT_SPECIALIZE``): also build a variant
+            for each binding of the inputs' symbolic dims the model is called with, in the
+            background, and run it once it is ready (:mod:`egraft.specializing`; variants go
+            through the compile cache); ``"off"``: the one generic build serves every shape.
         assume: shape assumptions (:mod:`egraft.ir.assume`), e.g. ``["seq <= 512",
             "height % 32 == 0"]``: the compile may use them, every call checks them and
             refuses dims that break one, naming it.
@@ -99,8 +99,11 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
     if threads is not None and threads < 1:
         raise EgraftError(f"threads={threads}: give 1 or more")
+    source = "specialize"
+    if specialize is None:
+        specialize, source = default_specialize(), "$EGRAFT_SPECIALIZE"
     if specialize not in SPECIALIZE:
-        raise EgraftError(f"specialize={specialize!r}: give one of {', '.join(SPECIALIZE)}")
+        raise EgraftError(f"{source}={specialize!r}: give one of {', '.join(SPECIALIZE)}")
     if isinstance(model, str | Path) and str(model).endswith(".json"):
         compiled = _compile_plan(Path(model), target, use_cache)
     else:
@@ -116,6 +119,15 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         if wrapped.guard_symbols:
             return wrapped
     return compiled
+
+
+def default_specialize() -> str:
+    """``$EGRAFT_SPECIALIZE`` when set (``off`` or ``auto``), else ``auto``: a model with
+    symbolic input dims builds variants for the shapes it is called with."""
+    import os
+
+    value = os.environ.get("EGRAFT_SPECIALIZE", "").strip()
+    return value or "auto"
 
 
 def _compile_plan(path: Path, target: str, use_cache: bool):

@@ -44,7 +44,7 @@ def build_variant_into_cache(model, shape: dict[str, int], options: dict) -> Non
     specialized to ``shape`` into the compile cache."""
     import egraft
 
-    egraft.compile(model, shape=shape, use_cache=True, **options)
+    egraft.compile(model, shape=shape, use_cache=True, specialize="off", **options)
 
 
 class SpecializingModel:
@@ -126,7 +126,7 @@ class SpecializingModel:
         try:
             with _ONE_BUILD:
                 call_in_worker("egraft.specializing:build_variant_into_cache", self._model, shape, self._options)
-            variant = egraft.compile(self._model, shape=shape, use_cache=True, **self._options)
+            variant = egraft.compile(self._model, shape=shape, use_cache=True, specialize="off", **self._options)
             variant.threads = self.generic.threads
         except Exception as e:  # a variant is an optimization: the generic build keeps serving
             self._state[key] = f"failed: {type(e).__name__}: {e}"

@@ -14,6 +14,8 @@ def _isolated_config_dir(tmp_path_factory, monkeypatch):
     calibrated cpu-host profile would change which plans the roofline model extracts."""
     monkeypatch.setenv("EGRAFT_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
     monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    # Tests judge the build they compile: no background variants (their own tests ask for them).
+    monkeypatch.setenv("EGRAFT_SPECIALIZE", "off")
 
 
 @pytest.fixture

@@ -96,3 +96,17 @@ def test_specialize_settings():
         graph.initializer), opset_imports=[helper.make_opsetid("", 17)])
     compiled = egraft.compile(static.SerializeToString(), specialize="auto", use_cache=False)
     assert not isinstance(compiled, egraft.specializing.SpecializingModel)  # no symbolic dims: nothing to specialize
+
+
+def test_auto_is_the_default_and_the_environment_can_turn_it_off(monkeypatch):
+    """Without ``specialize=``, a model with symbolic input dims builds variants
+    (``$EGRAFT_SPECIALIZE`` unset); ``EGRAFT_SPECIALIZE=off`` keeps the one generic build,
+    and a value that is neither is refused naming the variable."""
+    model = conv_model().SerializeToString()
+    monkeypatch.delenv("EGRAFT_SPECIALIZE")
+    assert isinstance(egraft.compile(model, use_cache=False), egraft.specializing.SpecializingModel)
+    monkeypatch.setenv("EGRAFT_SPECIALIZE", "off")
+    assert not isinstance(egraft.compile(model, use_cache=False), egraft.specializing.SpecializingModel)
+    monkeypatch.setenv("EGRAFT_SPECIALIZE", "sometimes")
+    with pytest.raises(EgraftError, match=r"\$EGRAFT_SPECIALIZE='sometimes'"):
+        egraft.compile(model, use_cache=False)

@@ -61,7 +61,7 @@ def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bo
 
     if model.endswith(".json"):  # a plan: its model, extracted again with its settings
         with err_console.status("compiling the plan: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
-            compiled = egraft.compile(model, use_cache=not no_cache)
+            compiled = egraft.compile(model, use_cache=not no_cache, specialize="off")
         return (lambda: egraft.to_onnx(compiled.graph)), compiled
     path = resolve_model(model)
     if specialize and shape:
@@ -69,7 +69,8 @@ def _compile(model: str, shape, rules, rules_off, no_rewrite: bool, no_cache: bo
     with err_console.status("compiling: rewrite, extract, generate kernels, LLVM -O3", spinner="dots"):
         compiled = egraft.compile(path, shape=parse_bindings(shape) if specialize else None,
                                   rules=[str(r) for r in rules or []], rules_off=list(rules_off or []),
-                                  rewrite=not no_rewrite, use_cache=not no_cache, assume=list(assume or []))
+                                  rewrite=not no_rewrite, use_cache=not no_cache, assume=list(assume or []),
+                                  specialize="off")  # one process, one run: no background variants
     return (lambda: read_model(path)), compiled
 
 

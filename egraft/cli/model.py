@@ -183,7 +183,7 @@ def run(
             outputs = graph.run(feeds)
         else:
             with err_console.status("compiling", spinner="dots"):
-                compiled = egraft.compile(proto, threads=threads)
+                compiled = egraft.compile(proto, threads=threads, specialize="off")
             report = compiled.report()
             console.print(f"compiled: {report.kernels} kernels, {report.views} views, {len(report.fallbacks)} on "
                           f"reference kernels{' (from the cache)' if compiled.cache_hit else ''}")

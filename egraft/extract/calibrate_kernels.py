@@ -239,7 +239,7 @@ def time_case(case: KernelCase, threads: int = 1, seconds: float = SECONDS_PER_C
     from egraft.extract.cost import cost_model
 
     cost = cost or cost_model("flops")
-    compiled = egraft.compile(case.model, rewrite=False)
+    compiled = egraft.compile(case.model, rewrite=False, specialize="off")
     compiled.threads = threads
     steps = [s for s in compiled.steps if s.kind in ("kernel", "fallback")]
     medians = kernel_step_times(compiled, case.feeds, MIN_RUNS, MAX_RUNS, seconds, kinds=("kernel", "fallback"))

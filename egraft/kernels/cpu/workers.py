@@ -8,8 +8,10 @@ never returns. It waits for a new *generation* of the shared state, runs its par
 posted kernel, counts itself done and waits again: spinning (``pause``) for a while after
 each job, then sleeping on a futex until the next post wakes it.
 
-``egraft_parallel(state, kernel, table, dims, parts, scratch)`` posts a kernel, runs part
-0 on the calling thread and spins until every worker is done. ``egraft_run_steps`` runs a
+``egraft_parallel(state, kernel, table, dims, parts, scratch)`` posts a kernel; the calling
+thread and the workers then claim its parts one at a time (a compare-and-swap), so a
+worker slow to wake costs nothing: the caller runs the parts nobody claimed, then spins
+until every claimed part is done. ``egraft_run_steps`` runs a
 whole run of kernels in one call (the runtime's schedule: one foreign call per run). One caller owns the
 workers at a time (a compare-and-swap on ``busy``); a caller that finds them busy runs
 its kernel alone, so concurrent callers never oversubscribe the cores.
@@ -34,11 +36,13 @@ I64 = ir.IntType(64)
 I8P = ir.IntType(8).as_pointer()
 KERNEL = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer(), I64, I64, I8P])
 
-#: Fields of the shared state (one ``i64`` each).
-GENERATION, DONE, KERNEL_FN, TABLE, DIMS, PARTS, SLEEPING, BUSY = range(8)
-STATE_FIELDS = 8
-#: ``pause`` iterations a worker spins after a job before it sleeps (about a millisecond).
-SPIN = 2000
+#: Fields of the shared state (one ``i64`` each). ``CLAIM`` is the posting's tag (the low
+#: 32 bits of its generation) in the high half and the next unclaimed part in the low half.
+GENERATION, DONE, KERNEL_FN, TABLE, DIMS, PARTS, SLEEPING, BUSY, CLAIM = range(9)
+STATE_FIELDS = 9
+#: ``pause`` iterations a worker spins after a job before it sleeps (a few hundred
+#: microseconds: the kernels of one run follow each other closer than that).
+SPIN = 10000
 SYS_FUTEX = 202  # x86-64 Linux
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 
@@ -62,6 +66,37 @@ def _module_text() -> str:
         word = b.ptrtoint(field(b, state, GENERATION), I64)  # the generation's low 32 bits (little-endian)
         b.call(syscall, [ir.Constant(I64, SYS_FUTEX), word, ir.Constant(I64, op), value, ir.Constant(I64, 0),
                          ir.Constant(I64, 0), ir.Constant(I64, 0)])
+
+    # ---- void egraft_claim_parts(i64* state, i64 tag, i64 kernel, i64 table, i64 dims, i64 parts, i8* scratch)
+    # claims the posting's parts one at a time (a compare-and-swap on CLAIM, which only succeeds
+    # while CLAIM still carries this posting's tag) and runs each, counting it done
+    claim = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64, I64, I64, I64, I8P]),
+                        "egraft_claim_parts")
+    claim.linkage = "internal"
+    c_state, c_tag, c_kernel, c_table, c_dims, c_parts, c_scratch = claim.args
+    c_entry, c_loop, c_try, c_run, c_done = (claim.append_basic_block(n)
+                                             for n in ("entry", "loop", "try", "run", "done"))
+    b = ir.IRBuilder(c_entry)
+    b.branch(c_loop)
+    b.position_at_end(c_loop)
+    current = atomic_load(b, field(b, c_state, CLAIM))
+    mine = b.icmp_signed("==", b.lshr(current, ir.Constant(I64, 32)), c_tag)
+    next_part = b.and_(current, ir.Constant(I64, 0xFFFFFFFF))
+    b.cbranch(b.and_(mine, b.icmp_signed("<", next_part, c_parts)), c_try, c_done)
+    b.position_at_end(c_try)
+    swapped = b.cmpxchg(field(b, c_state, CLAIM), current, b.add(current, ir.Constant(I64, 1)), "seq_cst", "seq_cst")
+    b.cbranch(b.extract_value(swapped, 1), c_run, c_loop)
+    b.position_at_end(c_run)
+    b.call(b.inttoptr(c_kernel, KERNEL.as_pointer()),
+           [b.inttoptr(c_table, I8P.as_pointer()), b.inttoptr(c_dims, I64.as_pointer()), next_part, c_parts,
+            c_scratch])
+    b.atomic_rmw("add", field(b, c_state, DONE), ir.Constant(I64, 1), "seq_cst")
+    b.branch(c_loop)
+    b.position_at_end(c_done)
+    b.ret_void()
+
+    def tag_of(b: ir.IRBuilder, generation: ir.Value) -> ir.Value:
+        return b.and_(generation, ir.Constant(I64, 0xFFFFFFFF))
 
     # ---- void egraft_worker(i64* state, i64 index, i8* scratch): never returns
     worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I8P]), "egraft_worker")
@@ -97,14 +132,14 @@ def _module_text() -> str:
     b.position_at_end(job)
     b.store(generation, seen)
     b.store(ir.Constant(I64, 0), spins)
+    # the posting's fields were stored before its generation: read them, then claim parts while the
+    # CLAIM tag is still this generation's (a worker that comes late, after the caller has done every
+    # part and posted again, finds another tag and claims nothing of the new posting with old fields)
     parts = atomic_load(b, field(b, state, PARTS))
-    part = b.add(index, ir.Constant(I64, 1))
-    with b.if_then(b.icmp_signed("<", part, parts)):
-        kernel = b.inttoptr(atomic_load(b, field(b, state, KERNEL_FN)), KERNEL.as_pointer())
-        table = b.inttoptr(atomic_load(b, field(b, state, TABLE)), I8P.as_pointer())
-        dims = b.inttoptr(atomic_load(b, field(b, state, DIMS)), I64.as_pointer())
-        b.call(kernel, [table, dims, part, parts, scratch])
-    b.atomic_rmw("add", field(b, state, DONE), ir.Constant(I64, 1), "seq_cst")
+    kernel = atomic_load(b, field(b, state, KERNEL_FN))
+    table = atomic_load(b, field(b, state, TABLE))
+    dims = atomic_load(b, field(b, state, DIMS))
+    b.call(claim, [state, tag_of(b, generation), kernel, table, dims, parts, scratch])
     b.branch(wait)
 
     # ---- i64 egraft_parallel(i64* state, i64 kernel, i64 table, i64 dims, i64 parts, i8* scratch, i64 workers)
@@ -124,16 +159,20 @@ def _module_text() -> str:
     b.call(kernel, [table_p, dims_p, ir.Constant(I64, 0), ir.Constant(I64, 1), scratch])
     b.ret(ir.Constant(I64, 1))
     b.position_at_end(post)
+    generation = b.add(atomic_load(b, field(b, state, GENERATION)), ir.Constant(I64, 1))  # only the owner posts
+    tag = tag_of(b, generation)
     for slot, value in ((KERNEL_FN, kernel_address), (TABLE, table), (DIMS, dims), (PARTS, parts),
-                        (DONE, ir.Constant(I64, 0))):
+                        (DONE, ir.Constant(I64, 0)), (CLAIM, b.shl(tag, ir.Constant(I64, 32)))):
         atomic_store(b, value, field(b, state, slot))
-    b.atomic_rmw("add", field(b, state, GENERATION), ir.Constant(I64, 1), "seq_cst")
+    atomic_store(b, generation, field(b, state, GENERATION))
     with b.if_then(b.icmp_signed(">", atomic_load(b, field(b, state, SLEEPING)), ir.Constant(I64, 0))):
         futex(b, state, FUTEX_WAKE_PRIVATE, ir.Constant(I64, 0x7FFFFFFF))
-    b.call(kernel, [table_p, dims_p, ir.Constant(I64, 0), parts, scratch])
+    # the caller claims parts too: a worker that is slow to wake leaves its parts to the caller,
+    # never a wait for it (the split costs nothing then, instead of a wake-up's latency)
+    b.call(claim, [state, tag, kernel_address, table, dims, parts, scratch])
     b.branch(waiting)
     b.position_at_end(waiting)
-    all_done = b.icmp_signed(">=", atomic_load(b, field(b, state, DONE)), workers)
+    all_done = b.icmp_signed(">=", atomic_load(b, field(b, state, DONE)), parts)
     not_yet = run.append_basic_block("not_yet")
     b.cbranch(all_done, finish, not_yet)
     b.position_at_end(not_yet)
