@@ -128,7 +128,7 @@ def main() -> None:
         print(f"{name}: done", file=sys.stderr, flush=True)
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
     table.caption = f"geometric mean egraft / onnxruntime {geomean:.3f} over {len(ratios)} runs"
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=200)
     for title, names in sets.items():
         chosen = [r for r in rows if r["model"] in names]
         for count in threads:

@@ -95,6 +95,21 @@ def test_if_matches_onnxruntime_at_every_size(compiled_if, n, sign):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_profiled_run_times_the_steps_of_the_branch_that_ran(compiled_if):
+    """A control step's profile holds the steps of the body that ran, one level deeper,
+    named by the node and the body, inside the control step's own interval."""
+    _, compiled = compiled_if
+    x, bias = np.ones((4, 8), np.float32), np.zeros(8, np.float32)  # sum > 0: the then branch
+    profile: list = []
+    compiled.run({"x": x, "bias": bias}, profile=profile)
+    [control] = [t for t in profile if t.kind == "control"]
+    nested = [t for t in profile if t.depth == 1]
+    assert nested and all(t.label.startswith(f"{control.label} / then_branch: ") for t in nested)
+    assert any(t.kind == "kernel" for t in nested)  # the branch's kernels (fused as the rules chose)
+    assert all(control.start_ns <= t.start_ns <= t.end_ns <= control.end_ns for t in nested)
+    assert [t.index for t in profile if t.depth == 0] == [s.index for s in compiled.steps]
+
+
 def if_with_different_ranks() -> onnx.ModelProto:
     """y = If(c) then Squeeze(x, 0) else Relu(x), x: f32[1, n]: the output's rank is known
     only at run time; the branches still compile, and the If runs as a control step."""

@@ -264,8 +264,9 @@ def profile(
     per_step: dict[int, list[float]] = {}
     for record in timings:
         for t in record:
-            per_step.setdefault(t.index, []).append((t.end_ns - t.start_ns) / 1e6)
-    labels = {t.index: (t.label, t.op, t.kind) for t in timings[0]} if timings else {}
+            if t.depth == 0:  # a body's steps are inside their control step's time
+                per_step.setdefault(t.index, []).append((t.end_ns - t.start_ns) / 1e6)
+    labels = {t.index: (t.label, t.op, t.kind) for t in timings[0] if t.depth == 0} if timings else {}
     total = sum(statistics.median(v) for v in per_step.values()) or 1.0
     ranked = sorted(per_step.items(), key=lambda kv: -statistics.median(kv[1]))[:top]
     table = Table(title=f"the {len(ranked)} slowest steps (median of {runs} runs; all steps {total:.3f} ms)")

@@ -273,7 +273,7 @@ def kernel_step_times(compiled, feeds: Mapping[str, np.ndarray], min_runs: int =
         profile: list = []
         compiled.run(feeds, profile=profile)
         for timing in profile:
-            if timing.index in durations:
+            if timing.depth == 0 and timing.index in durations:
                 durations[timing.index].append((timing.end_ns - timing.start_ns) / 1e3)
         runs += 1
     return {index: statistics.median(times) for index, times in durations.items()}

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Mapping
@@ -234,17 +235,27 @@ class ControlBodies:
     def __init__(self, node: Node, compiled: Mapping[str, object]):
         self.node = node
         self.compiled = dict(compiled)
-        self._by_body = {id(body): self.compiled[attr] for attr, body in node_bodies(node)}
+        self._by_body = {id(body): (attr, self.compiled[attr]) for attr, body in node_bodies(node)}
 
-    def runner(self, bound: Mapping[str, int]) -> Callable[[Graph, Mapping[str, np.ndarray]], dict]:
+    def runner(self, bound: Mapping[str, int],
+               profile: list | None = None) -> Callable[[Graph, Mapping[str, np.ndarray]], dict]:
         """The ``run_subgraph`` of one run of the node: the outer graph's bound dims are
-        given to the bodies (a captured value's dims may be expressions of them)."""
+        given to the bodies (a captured value's dims may be expressions of them). With
+        ``profile``, each body run's step timings are added to it one level deeper, named
+        by the node and the body (``If 'x' / then_branch: Conv 'y'``)."""
 
         def run_subgraph(body: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            program = self._by_body.get(id(body))
-            if program is None:
+            found = self._by_body.get(id(body))
+            if found is None:
                 raise ExecutionError(f"{self.node.label}: a body that was not compiled was called")
-            return program.run_body(feeds, bound)
+            attr, program = found
+            if profile is None:
+                return program.run_body(feeds, bound)
+            inner: list = []
+            outputs = program.run_body(feeds, bound, inner)
+            profile.extend(dataclasses.replace(t, label=f"{self.node.label} / {attr}: {t.label}", depth=t.depth + 1)
+                           for t in inner)
+            return outputs
 
         return run_subgraph
 

@@ -132,7 +132,9 @@ def _segment_timings(segment: NativeSegment, ticks: np.ndarray, started: int) ->
 
 @dataclass(frozen=True)
 class StepTiming:
-    """When one step ran: node index, label and op, step kind, start and end (ns)."""
+    """When one step ran: node index, label and op, step kind, start and end (ns), and its
+    depth: 0 for the model's own steps, 1 for the steps of a control step's body (named
+    ``If 'x' / then_branch: Conv 'y'``, inside the control step's interval), and so on."""
 
     index: int
     label: str
@@ -140,6 +142,7 @@ class StepTiming:
     kind: str
     start_ns: int
     end_ns: int
+    depth: int = 0
 
 
 @dataclass(frozen=True)
@@ -467,7 +470,8 @@ class CompiledModel:
             shapes.append(array.shape)
         return tuple(shapes)
 
-    def run_body(self, feeds: Mapping[str, np.ndarray], outer: Mapping[str, int]) -> dict[str, np.ndarray]:
+    def run_body(self, feeds: Mapping[str, np.ndarray], outer: Mapping[str, int],
+                 profile: list | None = None) -> dict[str, np.ndarray]:
         """Run as the body of a control step: ``feeds`` by input name (the body's inputs
         and the outer values it captures; extra names are ignored), ``outer`` the dims the
         enclosing graph has bound (a captured value's dims may be expressions of them)."""
@@ -486,7 +490,7 @@ class CompiledModel:
                 if problem:
                     raise ExecutionError(problem)
             arrays[v.name] = array
-        return self._run_any(arrays, bindings, None)
+        return self._run_any(arrays, bindings, profile)
 
     def _run_any(self, arrays: Mapping[str, np.ndarray], bindings: Mapping[str, int],
                  profile: list | None) -> dict[str, np.ndarray]:
@@ -566,7 +570,7 @@ class CompiledModel:
                     env[v.name] = materialize(schedule, v.name, roots, v.type.dtype.numpy,
                                               lambda v=v: self._shape(v, bound))
             started = time.perf_counter_ns() if profile is not None else 0
-            self._run_step(segment, env, table, bound, frame.dims, threads, workers, None, scratch)
+            self._run_step(segment, env, table, bound, frame.dims, threads, workers, None, scratch, profile)
             if profile is not None:
                 profile.append(StepTiming(segment.index, node.label, node.op, segment.kind, started,
                                           time.perf_counter_ns()))
@@ -655,7 +659,7 @@ class CompiledModel:
         split = self._split_work(bound) if workers is not None else {}
         for step in lowered.steps:
             started = clock() if profile is not None else 0
-            self._run_step(step, env, table, bound, dims, threads, workers, split, scratch)
+            self._run_step(step, env, table, bound, dims, threads, workers, split, scratch, profile)
             if profile is not None:
                 profile.append(StepTiming(step.index, step.node.label, step.node.op, step.kind, started, clock()))
         outputs = {v.name: env[v.name] if v.const is None else np.array(lowered.graph.constants[v.const])
@@ -664,7 +668,8 @@ class CompiledModel:
         return outputs
 
     def _run_step(self, step, env: dict, table: np.ndarray, bound: dict, dims: np.ndarray, threads: int,
-                  workers: NativeWorkers | None, split: Mapping[int, float] | None, scratch: int) -> None:
+                  workers: NativeWorkers | None, split: Mapping[int, float] | None, scratch: int,
+                  profile: list | None = None) -> None:
         """Run one step from Python: a kernel (its ``split`` work decides its parts; ``None``:
         the schedule's rule), a view, a reference kernel or a control step."""
         lowered = self._lowered
@@ -698,7 +703,7 @@ class CompiledModel:
             else:
                 place(out, source.reshape(shape))
         else:
-            self._fallback(step, env, table, bound, dims)
+            self._fallback(step, env, table, bound, dims, profile)
 
     def _take_arena(self, nbytes: int) -> tuple[np.ndarray, int]:
         """An arena of at least ``nbytes`` and its address: one a finished call gave back
@@ -855,7 +860,7 @@ class CompiledModel:
             shapes.append(None if shape is None else tuple(int(d) for d in shape))
         return shapes
 
-    def _fallback(self, step, env, table, bound, dims) -> None:
+    def _fallback(self, step, env, table, bound, dims, profile: list | None = None) -> None:
         node = step.node
         opset, op = self._opsets[step.index], self._fallback_ops[step.index]
 
@@ -866,7 +871,7 @@ class CompiledModel:
             return run_graph(sub, sub_feeds, outer=env)
 
         if step.kind == "control":  # the bodies run as their compiled sub-programs
-            run_subgraph = self._bodies[step.index].runner(bound)
+            run_subgraph = self._bodies[step.index].runner(bound, profile)
 
         ctx = RunContext(node, op, opset, run_subgraph=run_subgraph)
         try:

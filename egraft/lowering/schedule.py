@@ -22,6 +22,7 @@ Example (a model of kernels and views only)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -177,7 +178,7 @@ def materialize(schedule: RunSchedule, name: str, roots: Mapping[str, np.ndarray
     if root == name:  # an input, a constant or an output array: the value's own array
         return base
     dims = shape()
-    count = int(np.prod(dims, dtype=np.int64))
+    count = math.prod(dims)
     flat = base.reshape(-1).view(np.uint8)
     return flat[offset:offset + count * dtype.itemsize].view(dtype).reshape(dims)
 
