@@ -113,10 +113,12 @@ def _tick_clock() -> tuple[int, int, float]:
     return ns0, ticks0, (ns1 - ns0) / max(ticks1 - ticks0, 1)
 
 
-def _segment_timings(segment: NativeSegment, ticks: np.ndarray, started: int) -> list[StepTiming]:
+def _segment_timings(segment: NativeSegment, ticks: np.ndarray, started: int, ticks0: int) -> list[StepTiming]:
     """One :class:`StepTiming` per step of a native segment: each kernel's own interval (from
-    the time-stamp counter), a folded view an empty interval where it stands."""
-    ns0, ticks0, scale = _tick_clock()
+    the time-stamp counter, anchored at ``started`` ns = ``ticks0`` just before the call, so
+    the scale's error only spans the segment), a folded view an empty interval where it stands."""
+    _, _, scale = _tick_clock()
+    ns0 = started
     timings, k, at = [], 0, started
     for step in segment.steps:
         if step.kind == "kernel":
@@ -565,10 +567,10 @@ class CompiledModel:
                 roots = _Roots(self._constants, arena[0], self.graph.inputs, inputs, schedule.outputs, results)
                 bound = {s: int(d) for s, d in zip(lowered.symbols, frame.dims) if d != UNBOUND}
             node = segment.node
-            for v in (*node.inputs, *node.outputs):
-                if v is not None and v.name not in env and v.name in schedule.locate:
-                    env[v.name] = materialize(schedule, v.name, roots, v.type.dtype.numpy,
-                                              lambda v=v: self._shape(v, bound))
+            for name, dtype, shape in schedule.reads[segment.index]:
+                if name not in env:
+                    env[name] = materialize(schedule, name, roots, dtype, shape if shape is not None
+                                            else (lambda name=name: self._shape_of(name, bound)))
             started = time.perf_counter_ns() if profile is not None else 0
             self._run_step(segment, env, table, bound, frame.dims, threads, workers, None, scratch, profile)
             if profile is not None:
@@ -594,11 +596,12 @@ class CompiledModel:
     @staticmethod
     def _profile_segment(segment: NativeSegment, frame: _Frame, workers: NativeWorkers, profile: list) -> None:
         ticks = np.zeros(2 * max(segment.count, 1), np.int64)
-        started = time.perf_counter_ns()
+        _tick_clock()  # calibrated once per process, before anything is timed
+        started, ticks0 = time.perf_counter_ns(), workers.ticks()
         if segment.count:
             workers.run_steps(segment.kernels_address, segment.parts_address, segment.count, frame.table_address,
                               frame.dims_address, frame.scratch, ticks.ctypes.data)
-        profile.extend(_segment_timings(segment, ticks, started))
+        profile.extend(_segment_timings(segment, ticks, started, ticks0))
 
     def _schedule(self, key: tuple[int, ...]) -> tuple[RunSchedule, int]:
         """The native schedule for ``key`` (threads, then each symbol's value), built once
@@ -770,6 +773,19 @@ class CompiledModel:
         with self._plans_lock:
             self._placement_cache[key] = placements
         return placements
+
+    def _shape_of(self, name: str, bound: Mapping[str, int]) -> tuple[int, ...]:
+        """The shape of the value ``name`` at ``bound`` (dims a step has bound included)."""
+        value = self._values_by_name().get(name)
+        return self._shape(value, bound)
+
+    def _values_by_name(self) -> dict[str, Value]:
+        found = getattr(self, "_value_index", None)
+        if found is None:
+            found = {v.name: v for step in self._lowered.steps for v in (*step.node.inputs, *step.node.outputs)
+                     if v is not None}
+            self._value_index = found
+        return found
 
     def _shape(self, v: Value, bound: Mapping[str, int]) -> tuple[int, ...]:
         known = self._shape_cache.get(tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols), {}).get(v.name)

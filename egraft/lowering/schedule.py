@@ -65,6 +65,9 @@ class RunSchedule:
             the root name is ``""`` for the arena. Python reads values through it.
         graph_outputs: per graph output, ``("result", j)`` (the j-th output array) or
             ``("other", -1)`` (a constant, an input, or a value a Python step made).
+        reads: per step Python runs (by step index), the values with a fixed place it
+            reads or writes, as ``(name, dtype, shape)`` at this binding (``shape`` ``None``
+            when only the run knows it): what the call makes arrays of before the step.
     """
 
     offsets: np.ndarray
@@ -73,6 +76,7 @@ class RunSchedule:
     segments: list
     locate: dict[str, tuple[str, int]]
     graph_outputs: list[tuple[str, int]]
+    reads: dict[int, list[tuple[str, np.dtype, tuple[int, ...] | None]]]
 
 
 def build_schedule(lowered: Lowered, graph: Graph, constants: Mapping[str, np.ndarray], plan: MemoryPlan,
@@ -155,7 +159,25 @@ def build_schedule(lowered: Lowered, graph: Graph, constants: Mapping[str, np.nd
     close()
     results = {name: j for j, (name, _, _) in enumerate(outputs)}
     graph_outputs = [("result", results[v.name]) if v.name in results else ("other", -1) for v in graph.outputs]
-    return RunSchedule(offsets, roots, outputs, segments, locate, graph_outputs)
+    reads: dict[int, list] = {}
+    for step in segments:
+        if isinstance(step, NativeSegment):
+            continue
+        found = []
+        for v in (*step.node.inputs, *step.node.outputs):
+            if v is not None and v.name in locate and all(v.name != f[0] for f in found):
+                found.append((v.name, v.type.dtype.numpy, _shape_or_none(shape_of, v)))
+        reads[step.index] = found
+    return RunSchedule(offsets, roots, outputs, segments, locate, graph_outputs, reads)
+
+
+def _shape_or_none(shape_of: Callable[[Value], tuple[int, ...]], v: Value) -> tuple[int, ...] | None:
+    if v.type.shape is None:
+        return None
+    try:
+        return shape_of(v)
+    except (KeyError, TypeError, ValueError):  # a dim only the run binds
+        return None
 
 
 def _guards_bound(step: Step, bound: Mapping[str, int]) -> bool:
@@ -169,15 +191,15 @@ def _guards_bound(step: Step, bound: Mapping[str, int]) -> bool:
 
 
 def materialize(schedule: RunSchedule, name: str, roots: Mapping[str, np.ndarray], dtype: np.dtype,
-                shape: Callable[[], tuple[int, ...]]) -> np.ndarray:
+                shape: Callable[[], tuple[int, ...]] | tuple[int, ...]) -> np.ndarray:
     """The array of value ``name`` at its fixed place: a view of its root (``roots``: the
     arena under ``""``, the inputs, output arrays and constants by name) of the ``shape()``
-    it has at this run's dims."""
+    it has at this run's dims (or a function that gives it)."""
     root, offset = schedule.locate[name]
     base = roots[root]
     if root == name:  # an input, a constant or an output array: the value's own array
         return base
-    dims = shape()
+    dims = shape if isinstance(shape, tuple) else shape()
     count = math.prod(dims)
     flat = base.reshape(-1).view(np.uint8)
     return flat[offset:offset + count * dtype.itemsize].view(dtype).reshape(dims)

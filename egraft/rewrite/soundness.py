@@ -697,6 +697,13 @@ def _check_instance(rule: Rule, graph: Graph, feeds: list[dict], opset: int) -> 
     """Match and build ``rule`` on ``graph`` as the engine does (no union), extract the
     root and its replacement and compare them on each of ``feeds``."""
     state = EGraphState.from_graph(graph)
+    try:
+        return _check_in(state, rule, graph, feeds, opset)
+    finally:
+        state.release()  # freed on this thread, not by the cycle collector on another
+
+
+def _check_in(state: EGraphState, rule: Rule, graph: Graph, feeds: list[dict], opset: int) -> _Outcome:
     snapshot = state.snapshot()
     roots = [snapshot.ref_class[r] for r in state.output_refs]
     substs = Matcher(snapshot, opset).match_rule(rule, limit=64)
