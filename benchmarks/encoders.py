@@ -52,13 +52,12 @@ def _feeds(name: str, length: int):
 
 
 def _measure(name: str, lengths: list[int], threads: list[int], budget: float) -> dict:
-    import numpy as np
     import onnx
 
     import egraft
     from egraft.testing.bench import ort_session, temporary_cache
     from egraft.testing.corpus.compare import compare_outputs
-    from egraft.testing.timing import alternating_blocks_ms
+    from egraft.testing.timing import against_onnxruntime
 
     temporary_cache()
     model, _, _ = _feeds(name, lengths[0])
@@ -75,18 +74,9 @@ def _measure(name: str, lengths: list[int], threads: list[int], budget: float) -
         error = compare_outputs(compiled.run(feeds), reference).error
         for count in threads:
             compiled.threads = count
-            session = sessions[count]
-            times = alternating_blocks_ms({"egraft": lambda: compiled.run(feeds),
-                                           "onnxruntime": lambda: session.run(None, feeds)}, budget_s=budget)
-            inside = []
-            for _ in range(max(3, min(50, int(0.3 / max(times["egraft"] / 1e3, 1e-6))))):
-                profile: list = []
-                compiled.run(feeds, profile=profile)
-                inside.append(sum(t.end_ns - t.start_ns for t in profile if t.kind == "kernel") / 1e6)
-            kernels = float(np.median(inside))
-            rows.append(dict(encoder=name, kind=ENCODERS[name][1], length=length, threads=count,
-                             egraft_ms=times["egraft"], ort_ms=times["onnxruntime"], error=error,
-                             tolerance=tolerance, overhead=max(0.0, (times["egraft"] - kernels) / times["egraft"])))
+            timing = against_onnxruntime(compiled, sessions[count], feeds, budget)
+            rows.append(dict(encoder=name, kind=ENCODERS[name][1], length=length, threads=count, error=error,
+                             tolerance=tolerance, **timing))
     return dict(encoder=name, rows=rows)
 
 

@@ -48,13 +48,12 @@ def _model_and_feeds(name: str):
 
 
 def _measure(name: str, threads: list[int], budget: float) -> dict:
-    import numpy as np
     import onnx
 
     import egraft
     from egraft.testing.bench import ort_session, temporary_cache
     from egraft.testing.corpus.compare import compare_outputs
-    from egraft.testing.timing import alternating_blocks_ms
+    from egraft.testing.timing import against_onnxruntime
 
     temporary_cache()
     model, feeds, tolerance = _model_and_feeds(name)
@@ -72,18 +71,7 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
                fallbacks=len(compiled.report().fallbacks), runs={})
     for count in threads:
         compiled.threads = count
-        session = ort_session(proto, threads=count)
-        times = alternating_blocks_ms({"egraft": lambda: compiled.run(feeds),
-                                       "onnxruntime": lambda: session.run(None, feeds)}, budget_s=budget)
-        inside = []
-        for _ in range(max(3, min(50, int(0.3 / max(times["egraft"] / 1e3, 1e-6))))):
-            profile: list = []
-            compiled.run(feeds, profile=profile)
-            inside.append(sum(t.end_ns - t.start_ns for t in profile if t.kind == "kernel") / 1e6)
-        kernels_ms = float(np.median(inside))
-        row["runs"][str(count)] = dict(egraft_ms=times["egraft"], ort_ms=times["onnxruntime"],
-                                       kernels_ms=kernels_ms,
-                                       overhead=max(0.0, (times["egraft"] - kernels_ms) / times["egraft"]))
+        row["runs"][str(count)] = against_onnxruntime(compiled, ort_session(proto, threads=count), feeds, budget)
     return row
 
 

@@ -103,21 +103,21 @@ def thread_scratch() -> int:
 
 
 @cache
-def _tick_clock() -> tuple[int, int, float]:
-    """``(ns, ticks, ns per tick)``: how the time-stamp counter the native schedule times
-    kernels with maps onto ``time.perf_counter_ns``, measured once per process (over 20 ms)."""
+def _tick_clock() -> float:
+    """Nanoseconds per tick of the time-stamp counter the native schedule times kernels
+    with (against ``time.perf_counter_ns``), measured once per process over 20 ms."""
     workers = _workers_of(os.getpid())
     ns0, ticks0 = time.perf_counter_ns(), workers.ticks()
     time.sleep(0.02)
     ns1, ticks1 = time.perf_counter_ns(), workers.ticks()
-    return ns0, ticks0, (ns1 - ns0) / max(ticks1 - ticks0, 1)
+    return (ns1 - ns0) / max(ticks1 - ticks0, 1)
 
 
 def _segment_timings(segment: NativeSegment, ticks: np.ndarray, started: int, ticks0: int) -> list[StepTiming]:
     """One :class:`StepTiming` per step of a native segment: each kernel's own interval (from
     the time-stamp counter, anchored at ``started`` ns = ``ticks0`` just before the call, so
     the scale's error only spans the segment), a folded view an empty interval where it stands."""
-    _, _, scale = _tick_clock()
+    scale = _tick_clock()
     ns0 = started
     timings, k, at = [], 0, started
     for step in segment.steps:
