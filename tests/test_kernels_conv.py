@@ -182,6 +182,9 @@ def activation_nodes(activation: str, params: list[float], x: str) -> tuple[list
         return [helper.make_node("LeakyRelu", [x], ["y"], **({"alpha": params[0]} if params else {}))], {}
     if activation == "hard_sigmoid":
         return [helper.make_node("HardSigmoid", [x], ["y"], **dict(zip(["alpha", "beta"], params)))], {}
+    if activation == "silu":  # x * sigmoid(x)
+        sigmoid = helper.make_node("Sigmoid", [x], ["silu_sigmoid"])
+        return [sigmoid, helper.make_node("Mul", [x, "silu_sigmoid"], ["y"])], {}
     assert activation == "clip"
     inits = {name: np.array(p, np.float32) for name, p in zip(["clip_min", "clip_max"], params)}
     return [helper.make_node("Clip", [x, *inits], ["y"])], inits

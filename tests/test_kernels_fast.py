@@ -101,6 +101,11 @@ EPILOGUES = [
     ("row bias, relu", sgemm.BIAS_PER_ROW, "same", "relu", (1.0, 1.0, 0.0, 0.0, 0.0)),
     ("column bias, leaky", sgemm.BIAS_PER_COLUMN, None, "leaky_relu", (1.0, 1.0, 0.1, 0.0, 0.0)),
     ("alpha, beta * broadcast row, clip", sgemm.BIAS_NONE, "row", "clip", (0.5, 2.0, 0.0, -1.0, 1.5)),
+    ("row bias, sigmoid", sgemm.BIAS_PER_ROW, None, "sigmoid", (1.0, 1.0, 0.0, 0.0, 0.0)),
+    ("row bias, silu", sgemm.BIAS_PER_ROW, "same", "silu", (1.0, 1.0, 0.0, 0.0, 0.0)),
+    ("column bias, hard swish", sgemm.BIAS_PER_COLUMN, None, "hard_swish", (1.0, 1.0, 0.0, 0.0, 0.0)),
+    ("hard sigmoid (alpha, beta as lo, hi)", sgemm.BIAS_NONE, None, "hard_sigmoid", (0.05, 1.0, 0.0, 0.3, 0.4)),
+    ("row bias, tanh", sgemm.BIAS_PER_ROW, None, "tanh", (0.05, 1.0, 0.0, 0.0, 0.0)),
 ]
 
 
@@ -120,8 +125,12 @@ def test_sgemm_epilogues(library, label, bias_kind, residual, activation, params
     if residual:
         fields.update(res=res, ldr=n if residual == "same" else 0)
         want += beta * (res if residual == "same" else res[None, :])
+    sigmoid = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
     want = {"relu": lambda v: np.maximum(v, 0), "leaky_relu": lambda v: np.where(v < 0, slope * v, v),
-            "clip": lambda v: np.clip(v, lo, hi)}[activation](want)
+            "clip": lambda v: np.clip(v, lo, hi), "sigmoid": sigmoid, "silu": lambda v: v * sigmoid(v),
+            "hard_swish": lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
+            "hard_sigmoid": lambda v: np.clip(lo * v + hi, 0, 1), "tanh": np.tanh}[activation](want)
+    assert set(sgemm.ACTIVATION_CODES) - {""} <= {e[3] for e in EPILOGUES}  # every code the library has
     for parts in (1, 2):
         c = np.empty((m, n), np.float32)
         library({**fields, "c": c, "ldc": n}, params, parts=parts)
@@ -221,6 +230,8 @@ def reference(x, w, b, attrs, activation="", z=None, alpha=0.1):
         nodes.append(helper.make_node("Relu", [last], ["y"]))
     elif activation == "leaky_relu":
         nodes.append(helper.make_node("LeakyRelu", [last], ["y"], alpha=alpha))
+    elif activation == "silu":
+        nodes += [helper.make_node("Sigmoid", [last], ["sig"]), helper.make_node("Mul", [last, "sig"], ["y"])]
     else:
         nodes.append(helper.make_node("Identity", [last], ["y"]))
     inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()]
@@ -255,7 +266,7 @@ WINOGRAD_CASES = [
 
 
 @pytest.mark.parametrize("x_shape, out_channels, attrs", WINOGRAD_CASES)
-@pytest.mark.parametrize("activation", ["", "relu", "leaky_relu"])
+@pytest.mark.parametrize("activation", ["", "relu", "leaky_relu", "silu"])
 def test_winograd_kernel_matches_onnxruntime(x_shape, out_channels, attrs, activation):
     x, w, b = randn(*x_shape), randn(out_channels, x_shape[1], 3, 3), randn(out_channels)
     extra = {"u": winograd_weights(w)}

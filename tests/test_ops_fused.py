@@ -169,6 +169,9 @@ def activation_nodes(activation: str, params: list[float], x: str, y: str = "y")
     if activation == "hard_sigmoid":
         attrs = dict(zip(["alpha", "beta"], params))
         return [helper.make_node("HardSigmoid", [x], [y], **attrs)], {}
+    if activation == "silu":  # x * sigmoid(x)
+        sigmoid = helper.make_node("Sigmoid", [x], ["silu_sigmoid"])
+        return [sigmoid, helper.make_node("Mul", [x, "silu_sigmoid"], [y])], {}
     assert activation == "clip"
     inits = {name: np.array(p, np.float32) for name, p in zip(["clip_min", "clip_max"], params)}
     return [helper.make_node("Clip", [x, *inits], [y])], inits

@@ -67,6 +67,37 @@ def test_conv_relu_epilogue_matches_onnxruntime():
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel, spatial, channels, order", [
+    (3, ["h", "w"], 16, "conv_first"),  # symbolic spatial dims: FusedConv, then its Winograd twin
+    (3, [12, 12], 16, "sigmoid_first"),
+    (1, [12, 12], 16, "conv_first"),  # static, 8-channel blocks: ConvNCHWc {silu}
+])
+def test_conv_times_its_sigmoid_is_one_silu_convolution(kernel, spatial, channels, order):
+    """YOLO's SiLU, Conv * Sigmoid(Conv), runs the convolution once, with x * sigmoid(x) in
+    its epilogue (before, the extractor could pick a Conv and a Conv+Sigmoid: two
+    convolutions), and matches onnxruntime."""
+    rng = np.random.default_rng(2)
+    w = (rng.normal(size=(channels, channels, kernel, kernel)) * 0.2).astype(np.float32)
+    b = rng.normal(size=channels).astype(np.float32)
+    pads = [kernel // 2] * 4
+    mul_inputs = ["c", "s"] if order == "conv_first" else ["s", "c"]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=pads), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", mul_inputs, ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, *spatial])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    result = optimize(egraft.load(model))
+    convs = [n for n in result.graph.nodes if "Conv" in n.op]
+    assert len(convs) == 1 and convs[0].attrs["activation"] == "silu"
+    assert not [n for n in result.graph.nodes if n.op in ("Sigmoid", "Mul")]
+    x = rng.normal(size=(1, channels, 12, 12)).astype(np.float32)
+    reference = run_onnxruntime(model, {"x": x})["y"]
+    np.testing.assert_allclose(result.graph.run({"x": x})["y"], reference, rtol=1e-4, atol=1e-5)
+    compiled = egraft.compile(model)
+    assert [s.kind for s in compiled.steps if s.kind != "view"].count("fallback") == 0
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], reference, rtol=1e-4, atol=1e-5)
+
+
 def test_expression_bodies_parse_and_evaluate():
     x, y = np.array([-2.0, 3.0]), np.array([1.0, 1.0])
     np.testing.assert_allclose(evaluate_expr("relu(add(x0, mul(x1, -0.5)))", [x, y]), [0.0, 2.5])

@@ -41,8 +41,8 @@ DOMAIN = "com.egraft"
 #: The default-domain opset the function bodies are written in.
 FUNCTION_OPSET = 18
 
-ACTIVATIONS = ("", "relu", "leaky_relu", "clip", "sigmoid", "hard_sigmoid", "hard_swish", "gelu", "gelu_tanh",
-               "tanh")
+ACTIVATIONS = ("", "relu", "leaky_relu", "clip", "sigmoid", "silu", "hard_sigmoid", "hard_swish", "gelu",
+               "gelu_tanh", "tanh")
 #: Parameters of the activations that take some, in order, with the ONNX ops' defaults.
 _PARAM_DEFAULTS: dict[str, list[float]] = {
     "leaky_relu": [0.01],  # alpha
@@ -88,6 +88,8 @@ def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] | N
         return np.minimum(np.maximum(y, p[0]), p[1])
     if activation == "sigmoid":
         return expit(y)
+    if activation == "silu":  # x * sigmoid(x), YOLO's and EfficientNet's Swish
+        return y * expit(y)
     if activation == "hard_sigmoid":
         return np.clip(p[0] * y + p[1], 0, 1)
     if activation == "hard_swish":
@@ -216,6 +218,8 @@ class _Body:
         simple = {"relu": "Relu", "sigmoid": "Sigmoid", "hard_swish": "HardSwish", "tanh": "Tanh"}
         if activation in simple:
             return self.add(simple[activation], x)
+        if activation == "silu":
+            return self.add("Mul", x, self.add("Sigmoid", x))
         if activation == "leaky_relu":
             return self.add("LeakyRelu", x, alpha=p[0])
         if activation == "hard_sigmoid":

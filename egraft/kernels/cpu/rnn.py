@@ -11,9 +11,10 @@ buffer of the call (``seq`` and ``batch`` are symbolic). Then, time step after t
 each batch entry's gates are ``XW[t, b] + Wb + Rb + h @ R^T``: the recurrent product is
 a loop over ``hidden`` that adds four rows of ``R^T`` at a time to the gate accumulators
 (a contiguous loop over the gate columns that LLVM vectorizes), followed by the gate
-nonlinearities (float32 tanh and sigmoid by a rational approximation, so they vectorize
-too). The two directions of a bidirectional layer are independent: the kernel is
-parallel, each part running its share of the directions.
+nonlinearities (float32 tanh and sigmoid as plain arithmetic,
+:class:`egraft.kernels.cpu.emit.MathEmitter`, so they vectorize too). The two directions
+of a bidirectional layer are independent: the kernel is parallel, each part running its
+share of the directions.
 
 Constant weights are required (``W``, ``R``, ``B``, ``P``; the quantized LSTM's scales and
 zero points too). ``DynamicQuantizeLSTM`` computes what onnxruntime computes: its int8
@@ -43,17 +44,6 @@ from egraft.kernels.cpu.gemm import CONTRACT, Matrix, emit_gemm, heap_buffer, he
 
 #: Rows of ``R^T`` added to the gate accumulators per pass of the recurrent product.
 DEPTH_PER_STEP = 4
-
-#: float32 ``tanh(x) = x * P(x^2) / Q(x^2)`` on ``[-TANH_CLAMP, TANH_CLAMP]`` (Eigen's rational
-#: approximation, within 4e-7 of tanh): plain arithmetic, so the gate loops vectorize
-#: where libm's ``tanhf`` and ``expf`` are calls per element. Odd numerator, lowest first.
-TANH_NUMERATOR = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05, 5.12229709037114e-08,
-                  -8.60467152213735e-11, 2.00018790482477e-13, -2.76076847742355e-16)
-TANH_DENOMINATOR = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.19825839466702e-06)
-TANH_CLAMP = 7.90531110763549805
-#: Below this magnitude tanh(x) is x in float32.
-TANH_TINY = 0.0004
-
 
 @dataclass(frozen=True)
 class Activation:
@@ -284,29 +274,10 @@ class _Emitter:
 
     # ---- math -----------------------------------------------------------------------------------
     def tanh(self, x: ir.Value) -> ir.Value:
-        """tanh: the rational approximation in float32 (:data:`TANH_NUMERATOR`), libm in float64."""
-        if self.t != ir.FloatType():
-            return self.ctx.math.tanh(x)
-        b, c = self.b, self.c
-        clamped = b.select(b.fcmp_ordered("<", x, c(-TANH_CLAMP)), c(-TANH_CLAMP), x)
-        clamped = b.select(b.fcmp_ordered(">", clamped, c(TANH_CLAMP)), c(TANH_CLAMP), clamped)
-        x2 = b.fmul(clamped, clamped)
-
-        def poly(coefficients: tuple[float, ...]) -> ir.Value:
-            out = c(coefficients[-1])
-            for k in coefficients[-2::-1]:
-                out = b.fadd(b.fmul(out, x2, flags=CONTRACT), c(k), flags=CONTRACT)
-            return out
-
-        ratio = b.fdiv(b.fmul(poly(TANH_NUMERATOR), clamped), poly(TANH_DENOMINATOR))
-        return b.select(b.fcmp_ordered("<", self.ctx.math.fabs(x), c(TANH_TINY)), x, ratio)
+        return self.ctx.math.tanh(x)
 
     def sigmoid(self, x: ir.Value) -> ir.Value:
-        """1 / (1 + e^-x): ``(1 + tanh(x/2)) / 2`` in float32, through ``exp`` in float64."""
-        if self.t != ir.FloatType():
-            return self.ctx.math.sigmoid(x)
-        b, c = self.b, self.c
-        return b.fadd(c(0.5), b.fmul(c(0.5), self.tanh(b.fmul(c(0.5), x))))
+        return self.ctx.math.sigmoid(x)
 
     def activation(self, a: Activation, x: ir.Value) -> ir.Value:
         b, m, c = self.b, self.ctx.math, self.c

@@ -16,7 +16,9 @@ The product ``C[i, j] = epilogue(sum_k A[i, k] * B[k, j])`` is computed the BLIS
 - the epilogue runs on the tile while it is still in registers, after the last ``KC``
   block: ``act(alpha * acc + bias + beta * residual)`` with the bias per row (a
   convolution's output channel) or per column (a dense layer's unit), the activation one
-  of relu, leaky relu or clip (the others run as a pass over the output after it).
+  of :data:`ACTIVATION_CODES` (relu, leaky relu, clip, sigmoid, SiLU, hard swish, hard
+  sigmoid, tanh; the transcendental ones as the vectorizable polynomials of
+  :class:`~egraft.kernels.cpu.emit.MathEmitter`; GELU runs as a pass over the output).
 
 ``B`` is either a strided matrix or the implicit ``im2col`` matrix of a convolution
 (``B[k, n]`` = the input pixel that tap ``k`` reads for output pixel ``n``, zero in the
@@ -48,7 +50,7 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 
-from egraft.kernels.cpu.emit import masked_load, register_packing, splat
+from egraft.kernels.cpu.emit import MathEmitter, masked_load, register_packing, splat
 from egraft.kernels.cpu.llvm import JitModule, host_cpu, host_vector_bits
 
 F32 = ir.FloatType()
@@ -74,7 +76,8 @@ FIELDS = (
 FIELD = {name: i for i, name in enumerate(FIELDS)}
 
 #: Activation codes of the ``act`` field.
-ACTIVATION_CODES = {"": 0, "relu": 1, "leaky_relu": 2, "clip": 3}
+ACTIVATION_CODES = {"": 0, "relu": 1, "leaky_relu": 2, "clip": 3, "sigmoid": 4, "silu": 5, "hard_swish": 6,
+                    "hard_sigmoid": 7, "tanh": 8}
 #: ``bias_kind`` codes.
 BIAS_NONE, BIAS_PER_ROW, BIAS_PER_COLUMN = 0, 1, 2
 
@@ -319,19 +322,39 @@ def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
             where = b.add(b.mul(r, ldr), j)
             x = e.vload(res, where) if vector else b.load(b.gep(res, [where]))
             b.store(e.fma(x, e.splat(beta) if vector else beta, b.load(slot)), slot)
-        zero_t = ir.Constant(t, [0.0] * vw) if vector else e.f32(0.0)
-        with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["relu"]))):
-            y = b.load(slot)
-            b.store(b.select(b.fcmp_ordered("<", y, zero_t), zero_t, y), slot)
-        with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["leaky_relu"]))):
-            y = b.load(slot)
-            b.store(b.select(b.fcmp_ordered("<", y, zero_t), b.fmul(y, e.splat(slope) if vector else slope), y), slot)
-        with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["clip"]))):
-            y = b.load(slot)
-            low, high = (e.splat(lo), e.splat(hi)) if vector else (lo, hi)
-            y = b.select(b.fcmp_ordered("<", y, low), low, y)
-            b.store(b.select(b.fcmp_ordered(">", y, high), high, y), slot)
+        activate(lambda fn: b.store(fn(b.load(slot)), slot))
         return b.load(slot)
+
+    def activate(update) -> None:
+        """The activation of code ``act`` on what ``update(fn)`` maps (``fn`` takes and gives
+        a vector or a scalar): one test per activation, per tile."""
+        math = MathEmitter(module, b)
+
+        def const(v: ir.Value, x: ir.Value) -> ir.Value:  # x (an f32 scalar) in v's shape
+            return e.splat(x) if isinstance(v.type, ir.VectorType) else x
+
+        def clip(v: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
+            v = b.select(b.fcmp_ordered("<", v, low), low, v)
+            return b.select(b.fcmp_ordered(">", v, high), high, v)
+
+        def hard_sigmoid(v: ir.Value, a: ir.Value, c: ir.Value) -> ir.Value:
+            zero, one = math.const(v.type, 0.0), math.const(v.type, 1.0)
+            return clip(b.fadd(b.fmul(v, a), c), zero, one)
+
+        forms = {
+            "relu": math.relu,
+            "leaky_relu": lambda v: b.select(b.fcmp_ordered("<", v, math.const(v.type, 0.0)),
+                                             b.fmul(v, const(v, slope)), v),
+            "clip": lambda v: clip(v, const(v, lo), const(v, hi)),
+            "sigmoid": math.sigmoid,
+            "silu": lambda v: b.fmul(v, math.sigmoid(v)),
+            "hard_swish": lambda v: b.fmul(v, hard_sigmoid(v, math.const(v.type, 1 / 6), math.const(v.type, 0.5))),
+            "hard_sigmoid": lambda v: hard_sigmoid(v, const(v, lo), const(v, hi)),  # alpha, beta as lo, hi
+            "tanh": math.tanh,
+        }
+        for name, form in forms.items():
+            with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES[name]))):
+                update(form)
 
     full = b.icmp_signed("==", cols, e.i64(halves * vw))  # whole vectors of columns; rows past `rows` skipped
     with b.if_else(full) as (then, otherwise):
@@ -365,19 +388,7 @@ def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
                     betas = e.splat(beta)
                     update_rows(lambda r, h, v: e.fma(e.vload(res, b.add(b.mul(e.i64(r), ldr), e.i64(h * vw))), betas,
                                                       v))
-                zero_v = ir.Constant(e.vt, [0.0] * vw)
-                with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["relu"]))):
-                    update(lambda r, h, v: b.select(b.fcmp_ordered("<", v, zero_v), zero_v, v))
-                with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["leaky_relu"]))):
-                    slopes = e.splat(slope)
-                    update(lambda r, h, v: b.select(b.fcmp_ordered("<", v, zero_v), b.fmul(v, slopes), v))
-                with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES["clip"]))):
-                    lows, highs = e.splat(lo), e.splat(hi)
-
-                    def clip(r, h, v):
-                        v = b.select(b.fcmp_ordered("<", v, lows), lows, v)
-                        return b.select(b.fcmp_ordered(">", v, highs), highs, v)
-                    update(clip)
+                activate(lambda fn: update(lambda r, h, v: fn(v)))
             for r in range(mr):
                 with b.if_then(b.icmp_signed("<", e.i64(r), rows)):
                     for h in range(halves):
@@ -757,7 +768,7 @@ def emit_call(ctx, fields: dict, epilogue: Epilogue = Epilogue(), parallel: bool
         ctx.parallel = True
     act = list(activation_params(epilogue.activation, list(epilogue.params))) if epilogue.activation else []
     slope = act[0] if epilogue.activation == "leaky_relu" else 0.0
-    lo, hi = (act[0], act[1]) if epilogue.activation == "clip" else (0.0, 0.0)
+    lo, hi = (act[0], act[1]) if epilogue.activation in ("clip", "hard_sigmoid") else (0.0, 0.0)
     params = ctx.alloca(ir.ArrayType(F32, 5), name="sgemm.params")
     for i, v in enumerate((epilogue.alpha, epilogue.beta, slope, lo, hi)):
         b.store(ir.Constant(F32, float(v)), b.gep(params, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
