@@ -90,6 +90,8 @@ CASES = [
     ("3x3, input blocks in two chunks", (2, 32, 9, 7), 24, {"pads": [1, 1, 1, 1]}),
     ("7x7 stride 2, one input block per chunk", (1, 16, 17, 23), 16, {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
     ("3x3, weights beyond L2: an item per channel tile", (1, 128, 5, 6), 72, {"pads": [1, 1, 1, 1]}),
+    ("5x1 kernel down a one-pixel column (run as a row)", (1, 16, 40, 1), 24, {}),
+    ("5x1 kernel, column, stride 2 and pads", (2, 16, 37, 1), 16, {"strides": [2, 1], "pads": [2, 0, 1, 0]}),
 ]
 
 
@@ -98,7 +100,7 @@ CASES = [
 def test_matches_onnxruntime(label, x_shape, out_channels, attrs, with_bias):
     c = x_shape[1]
     kernel = (7, 7) if "7x7" in label else (1, 1) if "1x1" in label else (5, 5) if "5x5" in label else \
-        (3, 1) if "3x1" in label else (3, 3)
+        (3, 1) if "3x1" in label else (5, 1) if "5x1" in label else (3, 3)
     x, w = randn(*x_shape), randn(out_channels, c, *kernel)
     b = randn(out_channels) if with_bias else None
     xb = to_blocked(x, BLOCK)

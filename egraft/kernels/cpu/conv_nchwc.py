@@ -48,7 +48,7 @@ the input blocks in chunks of 3.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from llvmlite import ir
@@ -506,9 +506,28 @@ def conv_nchwc(ctx: KernelContext) -> None:
         conv_symbolic.emit_symbolic_conv(ctx, llvm_type(ctx.out_type(0).dtype), 2 if ctx.has_input(2) else None,
                                          residual, activation, params, block=block)
         return
-    geo = blocked_geometry(ctx)
+    geo = column_as_row(blocked_geometry(ctx))
     NCHWcEmitter(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params).emit()
 
 
-__all__ = ["BLOCK", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry", "ColumnPlan", "plan_columns",
+def column_as_row(geo: ConvGeometry) -> ConvGeometry:
+    """A convolution down a one-pixel-wide column (``W == 1``, a ``k x 1`` kernel: a 1-D
+    convolution stored as ``[N, C, L, 1]``) as the same convolution along a one-row image:
+    ``[N, C/8, L, 1, 8]`` and ``[N, C/8, 1, L, 8]`` are the same bytes, and the packed weights
+    of a ``k x 1`` and a ``1 x k`` kernel too. The tiles then run along ``L`` (TILE_PIXELS
+    outputs each) instead of one pixel per row. Any other geometry is returned as it is.
+
+    Example:
+        >>> geo = ConvGeometry(1, 256, 512, 1, 512, 1, 5, 1, 508, 1, 1, 1, 1, 1, 0, 0)
+        >>> row = column_as_row(geo)
+        >>> (row.in_h, row.in_w, row.k_h, row.k_w, row.out_h, row.out_w)
+        (1, 512, 1, 5, 1, 508)
+    """
+    if (geo.in_w, geo.out_w, geo.k_w, geo.pad_w) != (1, 1, 1, 0) or geo.in_h == 1:
+        return geo
+    return replace(geo, in_h=1, in_w=geo.in_h, k_h=1, k_w=geo.k_h, out_h=1, out_w=geo.out_h, stride_h=1,
+                   stride_w=geo.stride_h, dil_h=1, dil_w=geo.dil_h, pad_h=0, pad_w=geo.pad_h)
+
+
+__all__ = ["BLOCK", "column_as_row", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry", "ColumnPlan", "plan_columns",
            "accumulator_copies", "channel_tiles", "pack_weights", "NCHWcEmitter", "conv_nchwc"]
