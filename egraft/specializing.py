@@ -135,13 +135,22 @@ class SpecializingModel:
         self._state[key] = "ready"
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until every variant asked for so far is ready (or failed)."""
+        """Block until every variant asked for so far is ready (or failed), the If-rank
+        variants of the generic build and of the specialized ones included."""
         self.generic.wait(timeout)  # the generic build's own (If rank) variants
         deadline = None if timeout is None else time.monotonic() + timeout
         while any(s == "building" for s in self._state.values()):
             if deadline is not None and time.monotonic() > deadline:
                 return
             time.sleep(0.01)  # the worker builds, or the loader reads the cache
+        for variant in list(self._ready.values()):  # and the variants' own (If rank) variants
+            variant.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+
+    @property
+    def built(self) -> dict[tuple, object]:
+        """The variants ready to run, by binding (each a
+        :class:`~egraft.lowering.runtime.CompiledModel`)."""
+        return dict(self._ready)
 
     @property
     def variants(self) -> dict[tuple, str]:

@@ -372,6 +372,64 @@ def test_bound_dims_type_the_bodies_again(n):
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_ifs_inside_an_inlined_branch_are_inlined_too():
+    """silero's LSTM state checks: an If whose condition shape arithmetic decides holds
+    another such If in its branch. Bound, both are known: the whole model is one native
+    schedule with no control step (the inner If used to stay: inlining was one round)."""
+    rank_two = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"])], "rank_two", [],
+                                 [helper.make_tensor_value_info("t", F, None)])
+    other_rank = helper.make_graph([helper.make_node("Neg", ["x"], ["g"])], "other_rank", [],
+                                   [helper.make_tensor_value_info("g", F, None)])
+    outer_then = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["xs2"]), helper.make_node("Size", ["xs2"], ["rank"]),
+         helper.make_node("Equal", ["rank", "two"], ["is2"]),
+         helper.make_node("If", ["is2"], ["inner"], then_branch=rank_two, else_branch=other_rank)],
+        "outer_then", [], [helper.make_tensor_value_info("inner", F, None)])
+    outer_else = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])], "outer_else", [],
+                                   [helper.make_tensor_value_info("same", F, None)])
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]), helper.make_node("Gather", ["xs", "one"], ["n"]),
+             helper.make_node("Equal", ["n", "four"], ["n_is_4"]),
+             helper.make_node("If", ["n_is_4"], ["y"], then_branch=outer_then, else_branch=outer_else),
+             helper.make_node("Mul", ["y", "half"], ["out"])]
+    inits = [helper.make_tensor("one", I64, [], [1]), helper.make_tensor("two", I64, [], [2]),
+             helper.make_tensor("four", I64, [], [4]), helper.make_tensor("half", F, [], [0.5])]
+    model = _model(nodes, "nested_known", [helper.make_tensor_value_info("x", F, [1, "n"])],
+                   [helper.make_tensor_value_info("out", F, None)], inits)
+    for n in (4, 3):
+        bound = egraft.compile(model.SerializeToString(), use_cache=False, shape={"n": n}, specialize="off")
+        assert bound.report().controls == 0 and not bound.bodies()
+        assert {s.node.op for s in bound.steps} & {"Tanh", "Identity"}
+        x = np.random.default_rng(n).normal(0, 1, (1, n)).astype(np.float32)
+        (want,) = _ort(model, {"x": x})
+        np.testing.assert_allclose(bound.run({"x": x})["out"], want, rtol=1e-6)
+        assert len(bound.run_schedule({"n": n}).segments) == 1  # one native call
+
+
+def test_waiting_for_a_specialized_variant_waits_for_its_rank_variants():
+    """A specialized variant whose If outputs still have a rank only runs know (the If is on
+    an input's value) builds its rank variant after its first run; ``wait`` covers that
+    build too, so a benchmark that waits times the program that will serve."""
+    rows = helper.make_graph([helper.make_node("Identity", ["x"], ["kept"])], "rows", [],
+                             [helper.make_tensor_value_info("kept", F, None)])
+    flat = helper.make_graph([helper.make_node("Squeeze", ["x", "axis0"], ["flat"])], "flat", [],
+                             [helper.make_tensor_value_info("flat", F, None)])
+    model = _model([helper.make_node("If", ["flag"], ["y"], then_branch=rows, else_branch=flat),
+                    helper.make_node("Mul", ["y", "half"], ["out"])], "rank_by_flag",
+                   [helper.make_tensor_value_info("x", F, [1, "n"]), helper.make_tensor_value_info("flag", B, [])],
+                   [helper.make_tensor_value_info("out", F, None)],
+                   [helper.make_tensor("axis0", I64, [1], [0]), helper.make_tensor("half", F, [], [0.5])])
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False, specialize="auto")
+    x = np.random.default_rng(3).normal(0, 1, (1, 6)).astype(np.float32)
+    feeds = {"x": x, "flag": np.array(True)}
+    (want,) = _ort(model, feeds)
+    for _ in range(2):  # the first call asks for the variant; the second runs it and asks for its rank variant
+        np.testing.assert_allclose(compiled.run(feeds)["out"], want, rtol=1e-6)
+        compiled.wait(timeout=300)
+    (variant,) = compiled.built.values()
+    assert len(variant.variants()) == 1
+    np.testing.assert_allclose(compiled.run(feeds)["out"], want, rtol=1e-6)
+
+
 def test_constant_computations_in_a_body_are_folded():
     """A Loop body multiplies its state by Transpose(Concat(a, b)) of constants: computed once
     when compiling (the body's program has no Transpose or Concat step)."""

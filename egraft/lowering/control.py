@@ -90,14 +90,30 @@ def body_graph(node: Node, attr: str, body: Graph, where: str = "") -> Graph:
     return _folded(graph)
 
 
+#: Rounds of :func:`inline_constant_ifs` (an inlined branch may hold Ifs of its own).
+MAX_INLINED_DEPTH = 8
+
+
 def inline_constant_ifs(graph: Graph) -> Graph:
     """``graph`` with each If whose condition is known when compiling (a constant, or shape
     arithmetic that inference evaluated) replaced by the nodes of the branch it takes, the
     captured values read from the node's inputs, and an Identity per output (a view). Only
-    when the branch's output types are the If's (else the If stays a control step).
+    when the branch's output types are the If's (else the If stays a control step). The Ifs
+    an inlined branch brings are inlined in turn (silero's LSTM state checks sit three Ifs
+    deep), up to :data:`MAX_INLINED_DEPTH` levels.
 
     Example: ``y = If(true) {then: Squeeze(x, -1)}`` becomes ``t = Squeeze(x, -1); y = Identity(t)``.
     """
+    for _ in range(MAX_INLINED_DEPTH):
+        inlined = _inline_known_ifs(graph)
+        if inlined is graph:
+            break
+        graph = inlined
+    return graph
+
+
+def _inline_known_ifs(graph: Graph) -> Graph:
+    """One round of :func:`inline_constant_ifs`: ``graph`` itself when no If is known."""
     nodes: list[Node] = []
     constants, known = graph.constants, graph.known_values
     for index, node in enumerate(graph.nodes):
