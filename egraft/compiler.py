@@ -62,7 +62,7 @@ def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
             cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None,
-            specialize: str | None = None, assume: Sequence[str] = ()):
+            specialize: str | None = None, assume: Sequence[str] = (), values: Mapping[str, int] | None = None):
     """Compile ``model`` for ``target``.
 
     Args:
@@ -88,6 +88,11 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
             "height % 32 == 0"]``: the compile may use them, every call checks them and
             refuses dims that break one, naming it.
 
+        values: integer or bool inputs of one element to bind to a value (``{"sr": 16000}``):
+            their uses read the constant, so an If that they decide runs its branch inline;
+            calls still give them and the value given is not checked (``specialize="auto"``
+            builds such variants itself, guarded by the value).
+
     Returns:
         A :class:`egraft.lowering.runtime.CompiledModel` (with ``specialize="auto"`` and
         symbolic input dims, a :class:`egraft.specializing.SpecializingModel` around one);
@@ -108,15 +113,15 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         compiled = _compile_plan(Path(model), target, use_cache)
     else:
         compiled = _compile(model, target, shape, rules, rules_off, rewrite, cost, extractor, use_cache,
-                            assume=tuple(assume))
+                            assume=tuple(assume), values=dict(values or {}))
     if threads is not None:
         compiled.threads = threads
     is_plan = isinstance(model, str | Path) and str(model).endswith(".json")
     if specialize == "auto" and not is_plan:
         wrapped = SpecializingModel(compiled, model, dict(shape or {}), dict(
             rules=[str(p) for p in rules], rules_off=list(rules_off), rewrite=rewrite, cost=cost, extractor=extractor,
-            assume=list(assume)))
-        if wrapped.guard_symbols:
+            assume=list(assume), **({"values": dict(values)} if values else {})))
+        if wrapped.guard_symbols or wrapped.guard_values:
             return wrapped
     return compiled
 
@@ -146,15 +151,18 @@ def _compile_plan(path: Path, target: str, use_cache: bool):
 
 
 def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, extractor: str, use_cache: bool,
-             budget=None, time_limit: float = 30.0, assume: tuple[str, ...] = ()):
+             budget=None, time_limit: float = 30.0, assume: tuple[str, ...] = (),
+             values: Mapping[str, int] | None = None):
     from egraft.lowering.compile import compile_lowered, lower
 
     start = time.perf_counter()
+    values = dict(values or {})
     digest, graph = model_digest(model)
     bindings = dict(sorted((shape or {}).items()))
     cost_key = cost if isinstance(cost, str) else repr(cost.settings())
     settings = (repr(bindings), repr(sorted(rules_off)), repr(rewrite), cost_key, extractor, target, repr(budget),
-                repr(time_limit)) + ((repr(list(assume)),) if assume else ())
+                repr(time_limit)) + ((repr(list(assume)),) if assume else ()) + \
+        ((repr(sorted(values.items())),) if values else ())
     entry = entry_path(digest, settings, [Path(p).read_bytes() for p in rules])
     if use_cache:
         lowered = read_entry(entry)
@@ -173,6 +181,10 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     problem = unknown_dims_message(bindings, graph, str(model) if isinstance(model, str | Path) else "the model")
     if problem:
         raise InputError(problem)
+    if values:
+        from egraft.ir.specialize import bind_values
+
+        graph = bind_values(graph, values)
     # an input's anonymous dim that meets a dim in a broadcast is that dim, checked on every call
     assume = tuple(assume) + tuple(a for a in input_assumptions(graph) if a not in assume)
     assumptions = parse_assumptions(assume, graph.symbols())

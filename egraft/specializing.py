@@ -39,6 +39,35 @@ SPECIALIZE = ("off", "auto")
 #: One variant builds at a time, process-wide (each build is a whole compile).
 _ONE_BUILD = threading.Lock()
 
+def deciding_inputs(graph) -> list[str]:
+    """The graph's one-element integer or bool inputs that an If's condition is computed
+    from (through any nodes), in input order.
+
+    Example: silero's ``If(Equal(sr, 16000))`` gives ``["sr"]``.
+    """
+    from egraft.lowering.control import is_control
+
+    producers = {v.name: node for node in graph.nodes for v in node.outputs if v is not None}
+    candidates = {v.name for v in graph.inputs if v.type.shape is not None and v.type.is_static
+                  and int(np.prod(v.type.shape)) == 1 and v.type.dtype.numpy.kind in "iub"}
+    found: set[str] = set()
+    for node in graph.nodes:
+        if node.op != "If" or not is_control(node) or not node.inputs or node.inputs[0] is None:
+            continue
+        todo, seen = [node.inputs[0].name], set()
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in candidates:
+                found.add(name)
+            producer = producers.get(name)
+            if producer is not None:
+                todo.extend(v.name for v in producer.inputs if v is not None and v.const is None)
+    return [v.name for v in graph.inputs if v.name in found]
+
+
 def build_variant_into_cache(model, shape: dict[str, int], options: dict) -> None:
     """In a worker process (:func:`egraft.background.call_in_worker`): compile ``model``
     specialized to ``shape`` into the compile cache."""
@@ -69,6 +98,9 @@ class SpecializingModel:
                         for v in generic.graph.inputs if v.type.shape is not None]
         self._symbols = [(v.name, k, d.name) for v in generic.graph.inputs for k, d in enumerate(v.type.shape or ())
                          if isinstance(d, sympy.Symbol)]
+        #: one-element integer inputs whose value decides an If (silero's sample rate): a
+        #: variant binds their value too, so the branch runs inline in its native schedule
+        self._deciding = [] if "values" in self._options else deciding_inputs(generic.graph)
         self._ready: dict[tuple, object] = {}
         self._state: dict[tuple, str] = {}
         self._lock = threading.Lock()
@@ -78,6 +110,12 @@ class SpecializingModel:
     def guard_symbols(self) -> list[str]:
         """The inputs' symbolic dims a binding (and so a variant) is keyed by."""
         return sorted({symbol for _, _, symbol in self._symbols})
+
+    @property
+    def guard_values(self) -> list[str]:
+        """The inputs whose values a binding is keyed by too (one-element integer inputs
+        that decide an If): ``=name`` entries in the binding."""
+        return list(self._deciding)
 
     def guard(self, feeds: Mapping[str, np.ndarray]) -> tuple | None:
         """The binding ``((symbol, value), ...)`` the feeds give the inputs' symbolic dims
@@ -93,6 +131,11 @@ class SpecializingModel:
             shape = feeds[name].shape
             if bound.setdefault(symbol, int(shape[axis])) != int(shape[axis]):
                 return None
+        for name in self._deciding:
+            array = feeds[name]
+            if getattr(array, "size", 0) != 1 or np.asarray(array).dtype.kind not in "iub":
+                return None  # the generic build names what is wrong
+            bound["=" + name] = np.asarray(array).reshape(-1)[0].item()
         return tuple(sorted(bound.items()))
 
     def run(self, feeds: Mapping[str, np.ndarray], profile: list | None = None) -> dict[str, np.ndarray]:
@@ -122,11 +165,14 @@ class SpecializingModel:
         import egraft
         from egraft.background import call_in_worker
 
-        shape = {**self._shape, **dict(key)}
+        shape = {**self._shape, **{k: v for k, v in key if not k.startswith("=")}}
+        options = dict(self._options)
+        if self._deciding:
+            options["values"] = {k[1:]: v for k, v in key if k.startswith("=")}
         try:
             with _ONE_BUILD:
-                call_in_worker("egraft.specializing:build_variant_into_cache", self._model, shape, self._options)
-            variant = egraft.compile(self._model, shape=shape, use_cache=True, specialize="off", **self._options)
+                call_in_worker("egraft.specializing:build_variant_into_cache", self._model, shape, options)
+            variant = egraft.compile(self._model, shape=shape, use_cache=True, specialize="off", **options)
             variant.threads = self.generic.threads
         except Exception as e:  # a variant is an optimization: the generic build keeps serving
             self._state[key] = f"failed: {type(e).__name__}: {e}"

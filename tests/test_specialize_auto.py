@@ -110,3 +110,53 @@ def test_auto_is_the_default_and_the_environment_can_turn_it_off(monkeypatch):
     monkeypatch.setenv("EGRAFT_SPECIALIZE", "sometimes")
     with pytest.raises(EgraftError, match=r"\$EGRAFT_SPECIALIZE='sometimes'"):
         egraft.compile(model, use_cache=False)
+
+
+def mode_model() -> onnx.ModelProto:
+    """y = Tanh(x) if mode == 1 else Neg(x) * 2 (x: f32[n, 4], mode: i64[]); silero's
+    If on its sample rate."""
+    then = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["g"]), helper.make_node("Mul", ["g", "two"], ["e"])],
+                              "other", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Equal", ["mode", "one"], ["is1"]),
+             helper.make_node("If", ["is1"], ["y"], then_branch=then, else_branch=other)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4]),
+              helper.make_tensor_value_info("mode", TensorProto.INT64, [])]
+    inits = [helper.make_tensor("one", TensorProto.INT64, [], [1]),
+             helper.make_tensor("two", TensorProto.FLOAT, [], [2])]
+    graph = helper.make_graph(nodes, "mode", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_input_that_decides_an_if_is_part_of_the_guard(cache):
+    """A one-element integer input that an If's condition is computed from (silero's sample
+    rate) keys the variants by its value too: each variant runs its branch inline (no
+    control step); a call with another value runs the generic build, then its own variant."""
+    model = mode_model()
+    compiled = egraft.compile(model.SerializeToString(), specialize="auto")
+    assert compiled.guard_values == ["mode"] and compiled.guard_symbols == ["n"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).normal(0, 1, (3, 4)).astype(np.float32)
+    for mode in (1, 0, 1):
+        feeds = {"x": x, "mode": np.array(mode, np.int64)}
+        for _ in range(2):
+            np.testing.assert_allclose(compiled.run(feeds)["y"], session.run(None, feeds)[0], rtol=1e-6)
+            compiled.wait(timeout=300)
+    assert set(compiled.variants) == {(("=mode", 1), ("n", 3)), (("=mode", 0), ("n", 3))}
+    for key, variant in compiled.built.items():
+        assert variant.report().controls == 0, key  # the If is its branch
+        assert {s.node.op for s in variant.steps} & ({"Tanh"} if key[0][1] == 1 else {"Neg", "Elementwise", "Mul"})
+
+
+def test_values_bind_an_input_and_refuse_what_is_not_a_setting():
+    model = mode_model().SerializeToString()
+    bound = egraft.compile(model, values={"mode": 0}, specialize="off", use_cache=False)
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_allclose(bound.run({"x": x, "mode": np.array(0, np.int64)})["y"], -2 * x, rtol=1e-6)
+    assert bound.report().controls == 0
+    with pytest.raises(InputError, match=r"'x' is not an integer or bool input of one element; those are \['mode'\]"):
+        egraft.compile(model, values={"x": 1}, specialize="off", use_cache=False)
+    with pytest.raises(InputError, match="does not fit its dtype"):
+        egraft.compile(model, values={"mode": 1.5}, specialize="off", use_cache=False)
