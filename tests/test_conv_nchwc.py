@@ -178,3 +178,46 @@ def test_column_plan_covers_every_column_once():
         columns = [c for first, pixels in plan.edges for c in range(first, first + pixels)]
         columns += list(range(plan.loop_start, plan.loop_start + 6 * plan.loop_count))
         assert sorted(columns) == list(range(out_w))
+
+
+# ---- depthwise (group == C == M): one vector multiply-add per tap --------------------------------
+DEPTHWISE_CASES = [
+    ("3x3 pad 1", (1, 16, 14, 14), {"pads": [1, 1, 1, 1]}),
+    ("3x3 stride 2", (1, 24, 15, 16), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("5x5 pad 2, 7 columns", (2, 16, 7, 7), {"pads": [2, 2, 2, 2]}),
+    ("5x5 pad 2 on a 3x2 image (no interior column)", (1, 8, 3, 2), {"pads": [2, 2, 2, 2]}),
+    ("3x3 dilation 2, uneven pads", (1, 8, 19, 23), {"dilations": [2, 2], "pads": [2, 1, 0, 3]}),
+    ("3x3 no pad, 40 columns", (1, 32, 6, 40), {}),
+]
+
+
+@pytest.mark.parametrize("label, x_shape, attrs", DEPTHWISE_CASES, ids=[c[0] for c in DEPTHWISE_CASES])
+@pytest.mark.parametrize("activation", ["", "hard_swish"])
+def test_depthwise_matches_onnxruntime(label, x_shape, attrs, activation):
+    c = x_shape[1]
+    kernel = (5, 5) if "5x5" in label else (3, 3)
+    x, w, b = randn(*x_shape), randn(c, 1, *kernel), randn(c)
+    attrs = {**attrs, "group": c}
+    xb = to_blocked(x, BLOCK)
+    act = {"activation": activation} if activation else {}
+    compiled = compiled_kernel(nchwc_model(w, b, {**attrs, **act}, list(xb.shape)))
+    assert '"dw0"' in compiled.module_text  # the depthwise kernel's accumulators
+    want = reference(x, w, b, attrs)
+    if activation:
+        want = want * np.clip(want / 6 + 0.5, 0, 1)
+    for threads in (1, 2):
+        compiled.threads = threads
+        got = compiled.run({"xb": xb})["y"]
+        assert got.shape == want.shape
+        assert scale_relative_error(got, want) <= 1e-5, threads
+
+
+def test_depthwise_with_a_residual_and_no_bias():
+    x, w = randn(1, 16, 9, 11), randn(16, 1, 3, 3)
+    attrs = {"pads": [1, 1, 1, 1], "group": 16}
+    z = randn(1, 16, 9, 11)
+    model = nchwc_model(w, None, {**attrs, "activation": "relu"}, [1, 2, 9, 11, BLOCK], z_dims=[1, 2, 9, 11, BLOCK])
+    compiled = compiled_kernel(model)
+    got = compiled.run({"xb": to_blocked(x, BLOCK), "z": to_blocked(z, BLOCK)})["y"]
+    want = np.maximum(reference(x, w, None, attrs, z), 0)
+    assert scale_relative_error(got, want) <= 1e-5

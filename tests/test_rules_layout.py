@@ -272,12 +272,32 @@ def test_conv_to_blocked_gives_a_blocked_conv(bias):
 
 
 def test_a_grouped_conv_stays_in_the_standard_layout():
-    """The blocked kernel computes ungrouped convolutions; a grouped (or depthwise) one keeps NCHW."""
+    """The blocked kernels compute ungrouped and depthwise convolutions; another grouped one keeps NCHW."""
     model = make_model([conv("x", "1", group=2)], {"x": [2, 16, 5, 5]}, "conv1",
                        {"w1": randn(24, 8, 3, 3), "b1": randn(24)})
     _, report = saturated(model)
     assert report.rules["conv_to_blocked"].applied == 0
+    assert report.rules["depthwise_conv_to_blocked"].applied == 0
     assert report.rules["conv_to_nhwc"].applied == 1
+
+
+def test_a_depthwise_conv_and_its_hard_swish_go_blocked():
+    """MobileNetV3's depthwise Conv + HardSwish: one blocked ConvNCHWc {group = C, activation =
+    hard_swish} between the layout conversions, matching onnxruntime."""
+    nodes = [conv("x", "1", group=16), helper.make_node("HardSwish", ["conv1"], ["y"])]
+    model = make_model(nodes, {"x": [1, 16, 9, 9]}, "y", {"w1": randn(16, 1, 3, 3), "b1": randn(16)})
+    state, report = saturated(model, ("fusion", "layout"))
+    assert report.rules["depthwise_conv_to_blocked"].applied == 1
+    assert report.rules["blocked_conv_hard_swish"].applied == 1
+    graph = extract_graph(state.snapshot(), prefer(ConvNCHWc=0, Conv=10, FusedConv=10, HardSwish=10))
+    assert ops(graph) == ["LayoutToBlocked", "ConvNCHWc", "LayoutFromBlocked"]
+    (blocked,) = [n for n in graph.nodes if n.op == "ConvNCHWc"]
+    assert blocked.attrs["group"] == 16 and blocked.attrs["activation"] == "hard_swish"
+    assert_matches_onnxruntime(graph, model, {"x": randn(1, 16, 9, 9)})
+    compiled = egraft.compile(model)  # the cost model's pick (at this size, the standard layout)
+    x = randn(1, 16, 9, 9)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-4,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("cin, cout", [(12, 16), (16, 12)])

@@ -55,7 +55,7 @@ from llvmlite import ir
 
 from egraft.ir.dims import dims_equal
 from egraft.ir.ops.layout import unblocked_shape
-from egraft.kernels.cpu import conv_symbolic, register_kernel
+from egraft.kernels.cpu import conv_depthwise, conv_symbolic, register_kernel
 from egraft.kernels.cpu.conv import (
     ConvGeometry,
     _activation,
@@ -505,6 +505,10 @@ def conv_nchwc(ctx: KernelContext) -> None:
             raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
         conv_symbolic.emit_symbolic_conv(ctx, llvm_type(ctx.out_type(0).dtype), 2 if ctx.has_input(2) else None,
                                          residual, activation, params, block=block)
+        return
+    depthwise = conv_depthwise.depthwise_geometry(ctx)
+    if depthwise is not None:  # one channel per group: a vector multiply-add per tap
+        conv_depthwise.emit_depthwise(ctx, depthwise, 2 if ctx.has_input(2) else None, residual, activation, params)
         return
     geo = column_as_row(blocked_geometry(ctx))
     NCHWcEmitter(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params).emit()
