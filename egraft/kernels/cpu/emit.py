@@ -426,9 +426,16 @@ EXP_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.166579589
 TANH_NUMERATOR = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08,
                   1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
 TANH_DENOMINATOR = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
-TANH_CLAMP = 7.90531110763549805
-#: Below this magnitude tanh(x) is x in float32.
-TANH_TINY = 0.0004
+#: Where tanh's argument is clamped (onnxruntime's MLAS clamps there too; the rational
+#: function reaches 1 in float32 at 7.9 and stays within 2.4e-7 of it up to 9).
+TANH_CLAMP = 9.0
+#: float32 ``sigmoid(x) = x * P(x^2) / Q(x^2) + 1/2`` on ``[-SIGMOID_CLAMP, SIGMOID_CLAMP]``
+#: (onnxruntime's MLAS logistic), highest power first.
+SIGMOID_NUMERATOR = (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05, 8.51377133304701e-03,
+                     2.48287947061529e-01)
+SIGMOID_DENOMINATOR = (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06, 1.70198817374094e-03,
+                       1.16817656904453e-01, 9.93151921023180e-01)
+SIGMOID_CLAMP = 18.0
 #: float32 ``erf(x) = x * P(x^2) / Q(x^2)`` on ``[-4, 4]`` (Eigen's), highest power first.
 ERF_NUMERATOR = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
                  -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
@@ -443,8 +450,9 @@ class MathEmitter:
     reduction and a polynomial, or a rational function), so the loops that use them
     vectorize: LLVM has no vector ``expf`` here and would call libm lane by lane (about
     14 ns an element for ``tanhf``). Each is within 2 ulp (``exp``; 5e-7 absolute for
-    ``tanh`` and ``erf``) of the float64 result and keeps NaN and the infinities. float64
-    goes to libm and LLVM's intrinsics.
+    ``tanh``, ``erf`` and ``sigmoid``) of the float64 result and keeps NaN and the
+    infinities; ``tanh`` and ``sigmoid`` are onnxruntime's (MLAS's) to the bit, so a
+    quantized model that rounds their outputs rounds as onnxruntime does. float64 goes to libm and LLVM's intrinsics.
 
     Example: ``math.exp(x)`` on a ``<8 x float>`` is 8 lanes of the polynomial, no call.
     """
@@ -551,14 +559,15 @@ class MathEmitter:
 
     def tanh(self, x):
         """tanh. float32: ``x * P(x^2) / Q(x^2)`` on ``[-TANH_CLAMP, TANH_CLAMP]`` (Eigen's
-        rational approximation, within 4e-7), ``x`` itself below :data:`TANH_TINY`."""
+        rational approximation, within 4e-7), evaluated as onnxruntime's MLAS evaluates it
+        (same clamp, same multiply-adds), so the two agree bit for bit: a quantized model
+        that rounds tanh's output to uint8 (tashkeel's attention) then rounds alike."""
         if not self._is_f32(x):
             return self._libm("tanh", x)
-        b, t = self.b, x.type
+        b = self.b
         clamped = self._clamp(x, -TANH_CLAMP, TANH_CLAMP)
         x2 = b.fmul(clamped, clamped)
-        ratio = b.fdiv(b.fmul(self._horner(x2, TANH_NUMERATOR), clamped), self._horner(x2, TANH_DENOMINATOR))
-        return b.select(b.fcmp_ordered("<", self.fabs(x), self.const(t, TANH_TINY)), x, ratio)
+        return b.fdiv(b.fmul(clamped, self._horner(x2, TANH_NUMERATOR)), self._horner(x2, TANH_DENOMINATOR))
 
     def erf(self, x):
         """erf. float32: ``x * P(x^2) / Q(x^2)`` on ``[-4, 4]`` (Eigen's rational
@@ -579,8 +588,17 @@ class MathEmitter:
         return self.b.select(self.b.icmp_signed("<", x, zero), zero, x)
 
     def sigmoid(self, x):
-        one = self.const(x.type, 1.0)
-        return self.b.fdiv(one, self.b.fadd(one, self.exp(self.b.fneg(x))))
+        """1 / (1 + e^-x). float32: ``x * P(x^2) / Q(x^2) + 1/2`` on ``[-SIGMOID_CLAMP,
+        SIGMOID_CLAMP]``, kept within ``[0, 1]``: onnxruntime's MLAS logistic, evaluated as
+        it evaluates it (within 1.2e-7 absolute; the two agree bit for bit)."""
+        if not self._is_f32(x):
+            one = self.const(x.type, 1.0)
+            return self.b.fdiv(one, self.b.fadd(one, self.exp(self.b.fneg(x))))
+        b, t = self.b, x.type
+        clamped = self._clamp(x, -SIGMOID_CLAMP, SIGMOID_CLAMP)
+        x2 = b.fmul(clamped, clamped)
+        ratio = b.fdiv(b.fmul(self._horner(x2, SIGMOID_NUMERATOR), clamped), self._horner(x2, SIGMOID_DENOMINATOR))
+        return self._clamp(b.fadd(ratio, self.const(t, 0.5)), 0.0, 1.0)
 
     def activation(self, name: str, params, x: ir.Value) -> ir.Value:
         """The fused ops' trailing ``activation`` (see :data:`egraft.ir.ops.fused.ACTIVATIONS`)
