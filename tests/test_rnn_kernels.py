@@ -254,3 +254,86 @@ def test_dynamic_quantize_lstm_is_a_kernel_and_matches_onnxruntime(per_column):
         for name, value in want.items():
             assert got[name].shape == value.shape
             assert np.abs(got[name] - value).max() <= 1e-2 * np.abs(value).max(), name
+
+
+# The integer product forms of DynamicQuantizeLSTM (the host picks one; see test_quant_kernels).
+DQ_FORMS = {"vpdpbusd": ("llvm.x86.avx512.vpdpbusd.512", 16, 8, 4, "+avx512vnni"),
+            "avx512bw": ("llvm.x86.avx512.pmaddw.d.512", 16, 8, 2, "+avx512bw"),
+            "avx2": ("llvm.x86.avx2.pmadd.wd", 8, 4, 2, "+avx2"),
+            "generic": ("", 4, 4, 2, None)}
+
+
+def _dq_lstm_model(rng, inputs: int, hidden: int, direction: str, w_dtype, per_column: bool, zero_points: bool,
+                   lens: bool) -> onnx.ModelProto:
+    """A DynamicQuantizeLSTM over symbolic seq and batch with initial states, int8 or uint8
+    weights, scales and zero points per direction or per column."""
+    nd = 2 if direction == "bidirectional" else 1
+    info = np.iinfo(w_dtype)
+    scale_shape = (nd, 4 * hidden) if per_column else (nd,)
+    ints = lambda shape: rng.integers(info.min, int(info.max) + 1, shape).astype(w_dtype)  # noqa: E731
+    zero = (lambda: ints(scale_shape)) if zero_points else (lambda: np.zeros(scale_shape, w_dtype))  # noqa: E731
+    arrays = {"W": ints((nd, inputs, 4 * hidden)), "R": ints((nd, hidden, 4 * hidden)),
+              "B": rng.normal(size=(nd, 8 * hidden)).astype(np.float32),
+              "ws": rng.uniform(0.001, 0.01, scale_shape).astype(np.float32), "wz": zero(),
+              "rs": rng.uniform(0.001, 0.01, scale_shape).astype(np.float32), "rz": zero()}
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "W", "R", "B", "lens" if lens else "", "h0", "c0", "",
+                                                    "ws", "wz", "rs", "rz"],
+                            ["y", "y_h", "y_c"], domain="com.microsoft", hidden_size=hidden, direction=direction)
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", inputs])]
+    graph_inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [nd, "batch", hidden]) for n in ("h0", "c0")]
+    if lens:
+        graph_inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, ["batch"]))
+    return helper.make_model(helper.make_graph(
+        [node], "dq_lstm", graph_inputs, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                          for n in ("y", "y_h", "y_c")],
+        [numpy_helper.from_array(a, n) for n, a in arrays.items()]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("form", list(DQ_FORMS))
+@pytest.mark.parametrize(("inputs", "hidden", "direction", "w_dtype", "per_column", "zero_points", "lens"), [
+    (12, 8, "bidirectional", np.int8, True, True, False),  # 4H = 32: one AVX-512 panel
+    (37, 13, "reverse", np.uint8, True, True, True),  # 4H = 52: a partial panel, an odd depth
+    (20, 5, "forward", np.int8, False, True, True),  # 4H = 20: less than a panel
+    (33, 40, "bidirectional", np.uint8, False, False, True),  # 4H = 160: five panels
+], ids=["h8-bidir", "h13-reverse-u8", "h5-forward", "h40-bidir-u8"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dynamic_quantize_lstm_integer_products_match_the_reference(monkeypatch, split_every_parallel_kernel, form,
+                                                                     inputs, hidden, direction, w_dtype, per_column,
+                                                                     zero_points, lens, threads):
+    """The int8 LSTM's integer products in every form, with zero points (per direction or
+    per column, int8 or uint8 weights), hidden sizes that leave part of a panel empty,
+    batches over a tile of rows, ``sequence_lens`` and both directions, against the
+    reference kernel (egraft/ir/ops/contrib.py). One step from given states quantizes the
+    same floats as the reference: equal to float rounding; later steps quantize states
+    computed with other tanh/sigmoid roundings, so a value may move by a quantum."""
+    from egraft.kernels.cpu import quant
+    from egraft.kernels.cpu.llvm import host_cpu
+
+    intrinsic, lanes, rows, depth, needs = DQ_FORMS[form]
+    triple, _, features = host_cpu()
+    if (needs and needs not in features.split(",")) or (intrinsic and not triple.startswith("x86_64")):
+        pytest.skip(f"the host cannot run {intrinsic}")
+    monkeypatch.setattr(quant.PairProduct, "for_host", staticmethod(lambda: quant.PairProduct(intrinsic, lanes, rows,
+                                                                                                 depth)))
+    rng = np.random.default_rng(inputs * 100 + hidden)
+    model = _dq_lstm_model(rng, inputs, hidden, direction, w_dtype, per_column, zero_points, lens)
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    compiled.threads = threads
+    assert compiled.report({"seq": 4, "batch": 2}).fallbacks == []
+    reference = egraft.load(model)
+    nd = 2 if direction == "bidirectional" else 1
+    for seq, batch in [(1, 3), (1, 9), (6, 2), (5, 11)]:
+        feeds = {"x": rng.normal(size=(seq, batch, inputs)).astype(np.float32),
+                 "h0": rng.normal(size=(nd, batch, hidden)).astype(np.float32),
+                 "c0": rng.normal(size=(nd, batch, hidden)).astype(np.float32)}
+        if lens:
+            feeds["lens"] = rng.integers(0, seq + 1, batch).astype(np.int32)
+            feeds["lens"][0] = seq
+        got, want = compiled.run(feeds), reference.run(feeds)
+        for name, value in want.items():
+            assert got[name].shape == value.shape, name
+            if seq == 1:
+                np.testing.assert_allclose(got[name], value, rtol=0, atol=2e-5, err_msg=f"{name} at batch={batch}")
+            else:
+                assert np.abs(got[name] - value).max() <= 1e-2 * max(np.abs(value).max(), 1), (name, seq, batch)

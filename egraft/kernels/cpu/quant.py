@@ -195,16 +195,14 @@ def dequantize_linear(ctx: KernelContext) -> None:
     _per_axis_loops(ctx, axis, params, element)
 
 
-@register_kernel("DynamicQuantizeLinear")
-def dynamic_quantize_linear(ctx: KernelContext) -> None:
-    """f32 -> u8 with the scale and zero point of x's range (two passes: min/max, then quantize)."""
-    if ctx.in_type(0).dtype != DType.FLOAT32:
-        raise Unsupported("DynamicQuantizeLinear of a non-f32 input has no generated code")
+def dynamic_parameters(ctx: KernelContext, x: ir.Value, count: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The scale and zero point (a float holding an integer) that map the range of the
+    ``count`` floats at ``x``, 0 included, onto ``[0, 255]``, as onnxruntime's
+    GetQuantizationParameter: ``scale = (max - min) / 255`` (1 when ``max == min``),
+    ``zero_point = round_half_even(clamp(0 - min / scale, 0, 255))``. The range in vectors
+    of the host's width, then the tail."""
     b = ctx.builder
-    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
-    count = ctx.numel(ctx.shape(ctx.in_type(0)))
     zero = ir.Constant(F32, 0.0)
-    # pass 1: the range, zero included; in vectors of `width`, then the tail
     width = max(4, host_vector_bits() // 32)
     vt = ir.VectorType(F32, width)
     lo_v, hi_v = ctx.alloca(vt, "lo.v"), ctx.alloca(vt, "hi.v")
@@ -229,16 +227,26 @@ def dynamic_quantize_linear(ctx: KernelContext) -> None:
         b.store(ctx.math._intrinsic("minnum", b.load(lo_s), value), lo_s)
         b.store(ctx.math._intrinsic("maxnum", b.load(hi_s), value), hi_s)
     lo, hi = b.load(lo_s), b.load(hi_s)
-    # the parameters, as onnxruntime's GetQuantizationParameter
     same = b.fcmp_ordered("==", hi, lo)
     scale = b.select(same, ir.Constant(F32, 1.0), b.fdiv(b.fsub(hi, lo), ir.Constant(F32, 255.0)))
     initial = b.fsub(zero, b.fdiv(lo, scale))
     clamped = b.select(b.fcmp_ordered("<", initial, ir.Constant(F32, 255.0)), initial, ir.Constant(F32, 255.0))
     clamped = b.select(b.fcmp_ordered(">", clamped, zero), clamped, zero)
-    zero_point = _roundeven(ctx, clamped)
+    return scale, _roundeven(ctx, clamped)
+
+
+@register_kernel("DynamicQuantizeLinear")
+def dynamic_quantize_linear(ctx: KernelContext) -> None:
+    """f32 -> u8 with the scale and zero point of x's range (two passes: :func:`dynamic_parameters`,
+    then quantize)."""
+    if ctx.in_type(0).dtype != DType.FLOAT32:
+        raise Unsupported("DynamicQuantizeLinear of a non-f32 input has no generated code")
+    b = ctx.builder
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    count = ctx.numel(ctx.shape(ctx.in_type(0)))
+    scale, zero_point = dynamic_parameters(ctx, x, count)
     b.store(scale, ctx.out_ptr(1))
     b.store(b.trunc(b.fptoui(zero_point, I32), I8), ctx.out_ptr(2))
-    # pass 2
     with ctx.loop(count, name="q") as i:
         q = _quantize(ctx, b.load(b.gep(x, [i])), scale, zero_point, DType.UINT8)
         b.store(b.trunc(q, I8), b.gep(y, [i]))
@@ -361,10 +369,12 @@ def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, .
 
 
 def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Value, k: int, n: int,
-                    rows: ir.Value, pack_row, store_row, finish=None) -> None:
+                    rows: ir.Value, pack_row, store_row, finish=None,
+                    share: tuple[ir.Value, ir.Value] | None = None) -> None:
     """``out[r, :n] = rows_of_A[r, :k] @ B`` over ``rows`` rows, B constant in the panels of
     :func:`pack_integer_panels` (depth 2) or :func:`pack_integer_quads` (depth 4) at
-    ``panels_ptr``; the thread computes its share of the panels.
+    ``panels_ptr``; the thread computes the panels ``share`` (``[lo, hi)``; by default its
+    share of them, ``ctx.share(panels)``).
 
     Per tile of ``product.rows`` rows: ``pack_row(row, put, i)`` (``i``: the row's place in the
     tile) gives the row's ``k`` values of A by calling ``put(column, value_i32)`` (column an
@@ -381,7 +391,7 @@ def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Val
     panels = -(-n // nr)
     vt32, vt_in = ir.VectorType(I32, width), ir.VectorType(product.element, depth * width)
     bp = b.bitcast(panels_ptr, product.element.as_pointer())
-    lo, hi = ctx.share(panels)
+    lo, hi = ctx.share(panels) if share is None else share
 
     def pack_rows(r0: ir.Value, size: int) -> None:
         for i in range(size):
@@ -716,5 +726,5 @@ def conv_integer(ctx: KernelContext) -> None:
 
 
 __all__ = ["pack_integer_panels", "pack_conv_integer_weights", "matmul_integer", "conv_integer", "quantize_linear",
-           "dequantize_linear", "dynamic_quantize_linear", "PairProduct", "RANGES", "pack_integer_quads",
-           "pack_conv_integer_panels", "pack_conv_integer_quads"]
+           "dequantize_linear", "dynamic_parameters", "dynamic_quantize_linear", "PairProduct", "RANGES",
+           "pack_integer_quads", "pack_conv_integer_panels", "pack_conv_integer_quads"]

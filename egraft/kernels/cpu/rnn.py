@@ -17,12 +17,18 @@ of a bidirectional layer are independent: the kernel is parallel, each part runn
 share of the directions.
 
 Constant weights are required (``W``, ``R``, ``B``, ``P``; the quantized LSTM's scales and
-zero points too). ``DynamicQuantizeLSTM`` computes what onnxruntime computes: its int8
-weights minus their zero points become exact floats at compile time; each product's left
-operand (all of ``X``; each step's hidden state, all batch entries) is quantized at run
-time to uint8 over its whole range (:func:`egraft.ir.ops.contrib.dynamic_quantization`),
-its integers minus the zero point multiplied as floats (exact while the sums stay under
-2^24), and the sums scaled by ``a_scale * w_scale``.
+zero points too). ``DynamicQuantizeLSTM`` computes what onnxruntime computes, on integers:
+each product's left operand (all of ``X``; each step's hidden state, all batch entries) is
+quantized at run time to uint8 over its whole range
+(:func:`egraft.kernels.cpu.quant.dynamic_parameters`, the semantics of
+:func:`egraft.ir.ops.contrib.dynamic_quantization`), multiplied with the int8 weights
+(kept as integers, packed at compile time per direction) on the integer pair products of
+MatMulInteger (:class:`egraft.kernels.cpu.quant.PairProduct`: ``vpdpbusd`` with AVX-512
+VNNI, ``vpmaddwd`` otherwise), ``(q_a - a_zero_point) * (w - w_zero_point)`` summed exactly
+in int32 (no int16 saturation), and the sums scaled by ``a_scale * w_scale[column]``. ``XW``
+is one such product over all time steps; each step's recurrent product is one over the
+batch's rows, its scaled sums for all gate columns written before the batch's cells run.
+Both keep their rows ``ceil(G*H / nr) * nr`` wide (whole panels of ``nr`` columns).
 
 Example: ``GRU(x: f32[seq, batch, 64], W: [2, 384, 64], R: [2, 384, 128], B,
 linear_before_reset=1, direction="bidirectional")`` becomes one ``(seq*batch) x 64 @ 64 x 768``
@@ -37,10 +43,33 @@ import numpy as np
 import sympy
 from llvmlite import ir
 
+from egraft.ir.dtypes import DType
 from egraft.ir.ops.recurrent import _ACTIVATION_PARAMS, _GRU, _LSTM, _RNN, _activation_names, _direction, _layout
 from egraft.kernels.cpu import register_kernel
-from egraft.kernels.cpu.emit import I64, KernelContext, Unsupported, const64, imax, imin, is_float, llvm_type
+from egraft.kernels.cpu.emit import (
+    F32,
+    I32,
+    I64,
+    KernelContext,
+    Unsupported,
+    const64,
+    imax,
+    imin,
+    is_float,
+    llvm_type,
+    splat,
+)
 from egraft.kernels.cpu.gemm import CONTRACT, Matrix, emit_gemm, heap_buffer, heap_free
+from egraft.kernels.cpu.quant import (
+    PairProduct,
+    _check_tile_fits,
+    _emit_pair_gemm,
+    _quantize,
+    _ZeroPoints,
+    dynamic_parameters,
+    pack_integer_panels,
+    pack_integer_quads,
+)
 
 #: Rows of ``R^T`` added to the gate accumulators per pass of the recurrent product.
 DEPTH_PER_STEP = 4
@@ -61,8 +90,9 @@ class Layer:
     ``w_t`` is ``[input, num_dir*gates*hidden]`` (every direction's ``W^T`` side by side),
     ``r_t`` is ``[num_dir, hidden, gates*hidden]``, ``wb``/``rb`` ``[num_dir, gates*hidden]``,
     ``p`` ``[num_dir, 3*hidden]`` (LSTM peepholes i, o, f) or ``None``. A quantized layer's
-    ``w_t`` and ``r_t`` hold the integer weights minus their zero points, and ``w_scale``
-    and ``r_scale`` (``[num_dir, gates*hidden]``) their scales per column.
+    ``w_t`` and ``r_t`` are the integer weights as given (``[num_dir, input, gates*hidden]``
+    and ``[num_dir, hidden, gates*hidden]``), ``w_scale``/``r_scale`` and ``w_zero``/``r_zero``
+    (``[num_dir, gates*hidden]``) their scales and zero points per column.
     """
 
     kind: str  # "LSTM", "GRU" or "RNN"
@@ -81,6 +111,8 @@ class Layer:
     p: np.ndarray | None
     w_scale: np.ndarray | None = None
     r_scale: np.ndarray | None = None
+    w_zero: np.ndarray | None = None
+    r_zero: np.ndarray | None = None
 
     @property
     def quantized(self) -> bool:
@@ -122,9 +154,10 @@ def _constant(ctx: KernelContext, i: int, what: str) -> np.ndarray | None:
     return np.asarray(value)
 
 
-def _layer(ctx: KernelContext, kind, w_t: np.ndarray, r_t: np.ndarray, hidden: int, dtype) -> Layer:
+def _layer(ctx: KernelContext, kind, w_t: np.ndarray, r_t: np.ndarray, hidden: int, dtype,
+           integer: bool = False) -> Layer:
     """The :class:`Layer` of a node whose weights are already ``w_t`` ``[num_dir, input, G*H]``
-    and ``r_t`` ``[num_dir, H, G*H]``."""
+    and ``r_t`` ``[num_dir, H, G*H]`` (``integer``: kept as they are, else as ``dtype``)."""
     direction = _direction(ctx)
     if direction not in ("forward", "reverse", "bidirectional"):
         raise Unsupported(f"direction {direction!r}")
@@ -143,8 +176,8 @@ def _layer(ctx: KernelContext, kind, w_t: np.ndarray, r_t: np.ndarray, hidden: i
         clip=None if clip is None else float(clip),
         input_forget=bool(ctx.attr("input_forget", 0)) if kind is _LSTM else False,
         linear_before_reset=bool(ctx.attr("linear_before_reset", 0)) if kind is _GRU else False,
-        w_t=np.ascontiguousarray(np.concatenate(list(w_t.astype(dtype)), axis=1)),
-        r_t=np.ascontiguousarray(r_t.astype(dtype)),
+        w_t=np.ascontiguousarray(w_t if integer else np.concatenate(list(w_t.astype(dtype)), axis=1)),
+        r_t=np.ascontiguousarray(r_t if integer else r_t.astype(dtype)),
         wb=np.ascontiguousarray(b[:, :gh]), rb=np.ascontiguousarray(b[:, gh:]),
         p=None if p is None else np.ascontiguousarray(p.astype(dtype).reshape(num_dir, 3 * hidden)))
 
@@ -177,10 +210,10 @@ register_kernel("GRU")(_onnx_layer(_GRU))
 register_kernel("RNN")(_onnx_layer(_RNN))
 
 
-def _centered(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """``q - zero_point`` as exact floats and the scale per direction and column
-    (``[num_dir, columns]``); ``scale`` and ``zero_point`` are scalars, ``[num_dir]`` or
-    ``[num_dir, columns]`` (per output column)."""
+def _columns(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The scale (float32) and zero point (int64) of every direction and column of the
+    integer weights ``q`` (``[num_dir, rows, columns]``), both ``[num_dir, columns]``;
+    ``scale`` and ``zero_point`` are scalars, ``[num_dir]`` or ``[num_dir, columns]``."""
     num_dir, columns = q.shape[0], q.shape[2]
     scale = np.asarray(scale, np.float32)
     zp = np.zeros(scale.shape, np.int64) if zero_point is None else np.asarray(zero_point, np.int64)
@@ -188,13 +221,12 @@ def _centered(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None) -
         raise Unsupported(f"DynamicQuantizeLSTM scales of shape {scale.shape} and zero points of shape {zp.shape}")
     per_column = lambda a: np.broadcast_to(a.reshape(-1, 1) if a.size != num_dir * columns else  # noqa: E731
                                            a.reshape(num_dir, columns), (num_dir, columns))
-    zp_cols, scale_cols = per_column(zp), np.ascontiguousarray(per_column(scale), np.float32)
-    return (q.astype(np.int64) - zp_cols[:, None, :]).astype(np.float32), scale_cols
+    return np.ascontiguousarray(per_column(scale), np.float32), np.ascontiguousarray(per_column(zp))
 
 
 @register_kernel("DynamicQuantizeLSTM", domain="com.microsoft")
 def dynamic_quantize_lstm(ctx: KernelContext) -> None:
-    """The int8 LSTM on weights dequantized at compile time (``W`` is ``[num_dir, input, 4H]``)."""
+    """The int8 LSTM on integer products (``W`` is ``[num_dir, input, 4H]``, ``R`` ``[num_dir, H, 4H]``)."""
     dtype = _float_dtype(ctx)
     w, r = _constant(ctx, 1, "W"), _constant(ctx, 2, "R")
     w_scale, r_scale = _constant(ctx, 8, "W_scale"), _constant(ctx, 10, "R_scale")
@@ -202,10 +234,12 @@ def dynamic_quantize_lstm(ctx: KernelContext) -> None:
         raise Unsupported("DynamicQuantizeLSTM without W_scale or R_scale")
     if dtype != np.float32:
         raise Unsupported("DynamicQuantizeLSTM on float64")
-    w_t, w_cols = _centered(w, w_scale, _constant(ctx, 9, "W_zero_point"))
-    r_t, r_cols = _centered(r, r_scale, _constant(ctx, 11, "R_zero_point"))
-    layer = _layer(ctx, _LSTM, w_t, r_t, _hidden(ctx, r.shape[1]), dtype)
-    layer.w_scale, layer.r_scale = w_cols, r_cols
+    if w.dtype not in (np.int8, np.uint8) or r.dtype not in (np.int8, np.uint8):
+        raise Unsupported(f"DynamicQuantizeLSTM with weights of {w.dtype} and {r.dtype} (int8 or uint8 only)")
+    w_cols, w_zero = _columns(w, w_scale, _constant(ctx, 9, "W_zero_point"))
+    r_cols, r_zero = _columns(r, r_scale, _constant(ctx, 11, "R_zero_point"))
+    layer = _layer(ctx, _LSTM, w, r, _hidden(ctx, r.shape[1]), dtype, integer=True)
+    layer.w_scale, layer.r_scale, layer.w_zero, layer.r_zero = w_cols, r_cols, w_zero, r_zero
     _emit_layer(ctx, layer)
 
 
@@ -222,10 +256,8 @@ class _Emitter:
         self.seq_dim, self.batch_dim, self.input_dim = seq, batch, x_shape[2]
         self.seq, self.batch = ctx.dim(seq), ctx.dim(batch)
         self.h, self.gh = layer.hidden, layer.gates * layer.hidden
-        #: A quantized layer's run-time values: the scale of the quantized ``X`` and the
-        #: slot of the current step's hidden-state scale, the weights' column scales, and
-        #: the quantized hidden state (set by ``_emit_layer``).
-        self.x_scale = self.h_scale = self.w_scale = self.r_scale = self.quantized_h = None
+        #: A quantized layer's integer products (set by ``_emit_layer``).
+        self.integer: _IntegerProducts | None = None
 
     def c(self, v: float) -> ir.Value:
         return ir.Constant(self.t, float(v))
@@ -307,39 +339,6 @@ class _Emitter:
             return b.select(b.fcmp_ordered(">=", x, c(0)), x, b.fmul(c(a.alpha), b.fsub(m.exp(x), c(1))))
         raise Unsupported(f"activation {a.name!r} has no generated code")
 
-    def rint(self, x: ir.Value) -> ir.Value:
-        """``x`` rounded to the nearest integer, halves to even (``np.rint``)."""
-        module = self.ctx.module
-        name = "llvm.rint.f32" if self.t == ir.FloatType() else "llvm.rint.f64"
-        fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(self.t, [self.t]), name)
-        return self.b.call(fn, [x])
-
-    def quantize(self, src: ir.Value, count: ir.Value, dst: ir.Value) -> ir.Value:
-        """``dst[i] = q[i] - zero_point`` for the ``count`` floats of ``src`` quantized to
-        uint8 over their range (which holds 0) as
-        :func:`egraft.ir.ops.contrib.dynamic_quantization` does; returns the scale."""
-        ctx, b, c = self.ctx, self.b, self.c
-        lo, hi = ctx.alloca(self.t, name="q.lo"), ctx.alloca(self.t, name="q.hi")
-        b.store(c(0), lo)
-        b.store(c(0), hi)
-        with ctx.loop(count, name="qr") as i:
-            v = self.load(src, i)
-            low, high = b.load(lo), b.load(hi)
-            b.store(b.select(b.fcmp_ordered("<", v, low), v, low), lo)
-            b.store(b.select(b.fcmp_ordered(">", v, high), v, high), hi)
-        low, high = b.load(lo), b.load(hi)
-        scale = b.select(b.fcmp_ordered("==", high, low), c(1), b.fdiv(b.fsub(high, low), c(255)))
-
-        def clamp(x: ir.Value) -> ir.Value:
-            x = b.select(b.fcmp_ordered("<", x, c(0)), c(0), x)
-            return b.select(b.fcmp_ordered(">", x, c(255)), c(255), x)
-
-        zero_point = self.rint(clamp(b.fsub(c(0), b.fdiv(low, scale))))
-        with ctx.loop(count, name="qw") as i:
-            q = clamp(b.fadd(self.rint(b.fdiv(self.load(src, i), scale)), zero_point))
-            self.store(b.fsub(q, zero_point), dst, i)
-        return scale
-
     def clip(self, x: ir.Value) -> ir.Value:
         if self.layer.clip is None:
             return x
@@ -372,9 +371,85 @@ class _Emitter:
             rows([self.i(full * DEPTH_PER_STEP + u) for u in range(rest)])
 
 
+class _IntegerProducts:
+    """A quantized layer's products ``X @ W_d^T`` and ``h @ R_d^T`` on integers: the weights
+    of each direction packed at compile time for the host's :class:`PairProduct`
+    (:func:`pack_integer_quads` or :func:`pack_integer_panels`), the left operand quantized
+    as its rows are packed, the sums through
+    :func:`egraft.kernels.cpu.quant._emit_pair_gemm` and scaled into float rows of
+    :attr:`stride` (whole panels) columns."""
+
+    def __init__(self, ctx: KernelContext, layer: Layer):
+        self.ctx, self.layer = ctx, layer
+        self.product = product = PairProduct.for_host()
+        self.nr = nr = 2 * product.lanes
+        gh = layer.gates * layer.hidden
+        self.panels = -(-gh // nr)
+        self.stride = self.panels * nr
+        self.k = {"w": layer.w_t.shape[1], "r": layer.r_t.shape[1]}
+        _check_tile_fits(ctx, product, max(self.k.values()))
+        pack = pack_integer_quads if product.depth == 4 else pack_integer_panels
+        self.packed, self.scales, self.biases = {}, {}, {}
+        for which, ints, zeros, scales, bias in (("w", layer.w_t, layer.w_zero, layer.w_scale, layer.wb),
+                                                 ("r", layer.r_t, layer.r_zero, layer.r_scale, layer.rb)):
+            for d in range(layer.num_dir):
+                zero_point = tuple(int(v) for v in (zeros[d, :1] if (zeros[d] == zeros[d, 0]).all() else zeros[d]))
+                self.packed[which, d] = ctx.derived_constant(f"{which}_packed{d}", pack(ints[d], nr, zero_point))
+            for name, values, into in (("scale", scales, self.scales), ("bias", bias, self.biases)):
+                padded = np.zeros((layer.num_dir, self.stride), np.float32)
+                padded[:, :gh] = values
+                into[which] = ctx.derived_constant(f"{which}_{name}", padded.reshape(-1))
+
+    def emit(self, d: int, which: str, src: ir.Value, rows: ir.Value, out: ir.Value) -> None:
+        """``out[r, j] = (sum_i (q[r, i] - zq) * (w[i, j] - zw[j])) * (scale * w_scale[j]) +
+        bias[j]`` for ``r < rows``, ``j < stride`` (zero past ``G*H``): ``which`` (``"w"`` or
+        ``"r"``, with the bias ``Wb`` or ``Rb``) of direction ``d``, ``q`` the ``rows x k``
+        floats at ``src`` quantized together to uint8 with their ``scale`` and zero point
+        ``zq``. All panels: the direction is the part's."""
+        ctx, product, nr, k = self.ctx, self.product, self.nr, self.k[which]
+        b = ctx.builder
+        scale, zero_point = dynamic_parameters(ctx, src, b.mul(rows, const64(k)))
+        zero = b.fptosi(zero_point, I32)
+        packed = self.packed[which, d]
+        gh = self.layer.gates * self.layer.hidden
+        terms = _ZeroPoints(ctx, product, packed, k, gh) if product.depth == 4 else None
+        total = ctx.alloca(I32, name="rowsum")
+
+        def pack_row(row: ir.Value, put, i: int) -> None:
+            start = b.mul(row, const64(k))
+            b.store(ir.Constant(I32, 0), total)
+            with ctx.loop(const64(k), name="qk") as j:
+                q = _quantize(ctx, b.load(b.gep(src, [b.add(start, j)])), scale, zero_point, DType.UINT8)
+                if terms is None:
+                    put(j, b.sub(q, zero))
+                else:  # raw uint8; the zero points enter through the sums
+                    b.store(b.add(b.load(total), q), total)
+                    put(j, q)
+            if terms is not None:
+                terms.row(i, zero, b.load(total))
+
+        width = product.lanes
+        vi, vf = ir.VectorType(I32, width), ir.VectorType(F32, width)
+        scales = b.gep(self.scales[which], [const64(d * self.stride)])
+        biases = b.gep(self.biases[which], [const64(d * self.stride)])
+        a_scale = splat(b, scale, width)
+
+        def store_row(row: ir.Value, column: ir.Value, valid: ir.Value, lanes: ir.Value) -> None:
+            at = b.add(b.mul(row, const64(self.stride)), column)
+            for v in range(nr // width):
+                sums = b.load(b.bitcast(b.gep(lanes, [const64(v * width)]), vi.as_pointer()), align=4)
+                w_scale, bias = (b.load(b.bitcast(b.gep(values, [b.add(column, const64(v * width))]),
+                                                  vf.as_pointer()), align=4) for values in (scales, biases))
+                value = b.fadd(b.fmul(b.sitofp(sums, vf), b.fmul(a_scale, w_scale)), bias)
+                b.store(value, b.bitcast(b.gep(out, [b.add(at, const64(v * width))]), vf.as_pointer()), align=4)
+
+        _emit_pair_gemm(ctx, product, packed, k, gh, rows, pack_row, store_row,
+                        terms.finish if terms is not None else None, share=(const64(0), const64(self.panels)))
+
+
 def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
     e = _Emitter(ctx, layer)
-    b, t, nd = e.b, e.t, layer.num_dir
+    b, nd = e.b, layer.num_dir
     outputs = ctx.node.outputs
     has_out = [j < len(outputs) and outputs[j] is not None for j in range(3)]
     y = ctx.out_ptr(0) if has_out[0] else None
@@ -387,16 +462,15 @@ def _emit_layer(ctx: KernelContext, layer: Layer) -> None:
     for i, what in ((5, "initial_h"), (6, "initial_c")):
         if ctx.has_input(i) and ctx.in_type(i).dtype != ctx.in_type(0).dtype:
             raise Unsupported(f"{what} of another dtype than X")
-    w_t = ctx.derived_constant("w_t", layer.w_t)
-    r_t = ctx.derived_constant("r_t", layer.r_t.reshape(-1))
+    w_t = r_t = None
+    if layer.quantized:
+        e.integer = _IntegerProducts(ctx, layer)
+    else:
+        w_t = ctx.derived_constant("w_t", layer.w_t)
+        r_t = ctx.derived_constant("r_t", layer.r_t.reshape(-1))
     wb = ctx.derived_constant("wb", layer.wb.reshape(-1))
     rb = ctx.derived_constant("rb", layer.rb.reshape(-1))
     p = ctx.derived_constant("p", layer.p.reshape(-1)) if layer.p is not None else None
-
-    if layer.quantized:
-        e.w_scale = ctx.derived_constant("w_scale", layer.w_scale.reshape(-1))
-        e.r_scale = ctx.derived_constant("r_scale", layer.r_scale.reshape(-1))
-        e.h_scale = ctx.alloca(t, name="h.scale")
 
     def sequence_length(bi: ir.Value) -> ir.Value:
         """``sequence_lens[bi]`` within ``[0, seq]``."""
@@ -418,22 +492,21 @@ def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c
     in heap buffers of its own."""
     ctx, layer = e.ctx, e.layer
     b, t, h, gh = e.b, e.t, e.h, e.gh
-    # XW = X @ W_d^T for every time step: [seq*batch, G*H]
+    # XW = X @ W_d^T for every time step: [seq*batch, G*H] (quantized: rows of `stride`, plus Wb)
     rows = b.mul(e.seq, e.batch)
-    xw = heap_buffer(ctx, t, b.mul(rows, const64(gh)))
+    stride = gh if e.integer is None else e.integer.stride
+    xw = heap_buffer(ctx, t, b.mul(rows, const64(stride)))
     zero = const64(0)
-    x_quantized = None
-    if layer.quantized:
-        x_quantized = heap_buffer(ctx, t, b.mul(rows, ctx.dim(e.input_dim)))
-        e.x_scale = e.quantize(x, b.mul(rows, ctx.dim(e.input_dim)), x_quantized)
-        e.quantized_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
-    emit_gemm(ctx, Matrix(x if x_quantized is None else x_quantized, e.input_dim, 1), zero,
-              Matrix(b.gep(w_t, [const64(d * gh)]), layer.num_dir * gh, 1), zero, xw, zero,
-              sympy.sympify(e.seq_dim) * e.batch_dim, gh, e.input_dim)
+    if e.integer is not None:
+        e.integer.emit(d, "w", x, rows, xw)
+    else:
+        emit_gemm(ctx, Matrix(x, e.input_dim, 1), zero, Matrix(b.gep(w_t, [const64(d * gh)]), layer.num_dir * gh, 1),
+                  zero, xw, zero, sympy.sympify(e.seq_dim) * e.batch_dim, gh, e.input_dim)
 
     state_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
     state_c = heap_buffer(ctx, t, b.mul(e.batch, const64(h))) if layer.kind == "LSTM" else None
-    acc = heap_buffer(ctx, t, const64(gh))
+    # the gate accumulators of one batch entry (quantized: every entry's h @ R^T + Rb)
+    acc = heap_buffer(ctx, t, const64(gh) if e.integer is None else b.mul(e.batch, const64(stride)))
     scaled = heap_buffer(ctx, t, const64(h)) if layer.kind == "GRU" and not layer.linear_before_reset else None
 
     # the initial states
@@ -447,16 +520,17 @@ def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c
                 value = e.c(0) if src is None else e.load(src, b.add(given, j))
                 e.store(value, dst, b.add(own, j))
     with ctx.loop(e.seq, name="s") as s:
-        if layer.quantized:  # this step's hidden states, every batch entry, quantized together
-            b.store(e.quantize(state_h, b.mul(e.batch, const64(h)), e.quantized_h), e.h_scale)
+        if e.integer is not None:  # h @ R^T, every batch entry's state quantized together
+            e.integer.emit(d, "r", state_h, e.batch, acc)
         with ctx.loop(e.batch, name="b") as bi:
             length = e.seq if sequence_length is None else sequence_length(bi)
             live = None if sequence_length is None else b.icmp_signed("<", s, length)
             step = b.sub(b.sub(length, const64(1)), s) if layer.reverse[d] else s
 
             def run_cell(step=step, bi=bi) -> None:
-                xrow = b.mul(e.x_row(step, bi), const64(gh))
-                _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi,
+                xrow = b.mul(e.x_row(step, bi), const64(stride))
+                row_acc = acc if e.integer is None else b.gep(acc, [b.mul(bi, const64(stride))])
+                _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, row_acc, scaled, bi,
                       y, e.y_offset(step, d, bi) if y is not None else None)
 
             if live is None:
@@ -481,14 +555,15 @@ def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c
                     value = e.load(src, b.add(own, j))
                     value = value if empty is None else b.select(empty, e.c(0), value)
                     e.store(value, dst, b.add(given, j))
-    for buffer in (xw, state_h, state_c, acc, scaled, x_quantized, e.quantized_h):
+    for buffer in (xw, state_h, state_c, acc, scaled):
         if buffer is not None:
             heap_free(ctx, buffer)
 
 
 def _cell(e: _Emitter, d: int, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi, y, y_off) -> None:
     """One time step of batch entry ``bi``: the new state into ``state_h`` (and ``state_c``),
-    the output ``h`` into ``y`` at ``y_off``."""
+    the output ``h`` into ``y`` at ``y_off``. A quantized layer's ``xw`` holds ``XW + Wb`` and
+    its ``acc`` this entry's ``h @ R^T + Rb`` already."""
     layer, ctx, b, c = e.layer, e.ctx, e.b, e.c
     h, gh = e.h, e.gh
     acts = layer.activations[d]
@@ -499,28 +574,23 @@ def _cell(e: _Emitter, d: int, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, 
     def x_part(col: ir.Value) -> ir.Value:
         """``XW + Wb`` at gate column ``col``."""
         product = e.load(xw, b.add(xrow, col))
-        if layer.quantized:
-            product = b.fmul(product, b.fmul(e.x_scale, e.load(e.w_scale, b.add(bias, col))))
-        return b.fadd(product, e.load(wb, b.add(bias, col)))
+        return product if layer.quantized else b.fadd(product, e.load(wb, b.add(bias, col)))
 
     def pre(j: ir.Value, gate: int) -> ir.Value:
         """``XW + Wb + h @ R^T + Rb`` of gate ``gate`` at column ``j``."""
         col = b.add(j, const64(gate * h))
-        recurrent = e.load(acc, col)
-        if layer.quantized:  # acc holds the integer sums
-            scale = b.fmul(b.load(e.h_scale), e.load(e.r_scale, b.add(bias, col)))
-            recurrent = b.fadd(b.fmul(recurrent, scale), e.load(rb, b.add(bias, col)))
-        return b.fadd(x_part(col), recurrent)
+        return b.fadd(x_part(col), e.load(acc, col))
 
     def emit_y(j: ir.Value, value: ir.Value) -> None:
         e.store(value, state_h, b.add(own, j))
         if y is not None:
             e.store(value, y, b.add(y_off, j))
 
-    first = 2 * h if layer.kind == "GRU" and not layer.linear_before_reset else gh
-    with ctx.loop(first, name="ja") as j:  # acc = Rb (+ h @ R^T below); quantized: the sums alone
-        e.store(c(0) if layer.quantized else e.load(rb, b.add(bias, j)), acc, j)
-    e.recurrent_product(state_h if e.quantized_h is None else e.quantized_h, own, r_t, r_off, acc, 0, first)
+    if not layer.quantized:
+        first = 2 * h if layer.kind == "GRU" and not layer.linear_before_reset else gh
+        with ctx.loop(first, name="ja") as j:  # acc = Rb + h @ R^T
+            e.store(e.load(rb, b.add(bias, j)), acc, j)
+        e.recurrent_product(state_h, own, r_t, r_off, acc, 0, first)
 
     if layer.kind == "RNN":
         with ctx.loop(h, name="jr") as j:
