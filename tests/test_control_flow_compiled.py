@@ -407,20 +407,22 @@ def test_ifs_inside_an_inlined_branch_are_inlined_too():
 
 def test_waiting_for_a_specialized_variant_waits_for_its_rank_variants():
     """A specialized variant whose If outputs still have a rank only runs know (the If is on
-    an input's value) builds its rank variant after its first run; ``wait`` covers that
+    the data: x's sum) builds its rank variant after its first run; ``wait`` covers that
     build too, so a benchmark that waits times the program that will serve."""
     rows = helper.make_graph([helper.make_node("Identity", ["x"], ["kept"])], "rows", [],
                              [helper.make_tensor_value_info("kept", F, None)])
     flat = helper.make_graph([helper.make_node("Squeeze", ["x", "axis0"], ["flat"])], "flat", [],
                              [helper.make_tensor_value_info("flat", F, None)])
-    model = _model([helper.make_node("If", ["flag"], ["y"], then_branch=rows, else_branch=flat),
-                    helper.make_node("Mul", ["y", "half"], ["out"])], "rank_by_flag",
-                   [helper.make_tensor_value_info("x", F, [1, "n"]), helper.make_tensor_value_info("flag", B, [])],
-                   [helper.make_tensor_value_info("out", F, None)],
-                   [helper.make_tensor("axis0", I64, [1], [0]), helper.make_tensor("half", F, [], [0.5])])
+    model = _model([helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+                    helper.make_node("Greater", ["total", "zero"], ["flag"]),
+                    helper.make_node("If", ["flag"], ["y"], then_branch=rows, else_branch=flat),
+                    helper.make_node("Mul", ["y", "half"], ["out"])], "rank_by_sum",
+                   [helper.make_tensor_value_info("x", F, [1, "n"])], [helper.make_tensor_value_info("out", F, None)],
+                   [helper.make_tensor("axis0", I64, [1], [0]), helper.make_tensor("half", F, [], [0.5]),
+                    helper.make_tensor("zero", F, [], [0.0])])
     compiled = egraft.compile(model.SerializeToString(), use_cache=False, specialize="auto")
-    x = np.random.default_rng(3).normal(0, 1, (1, 6)).astype(np.float32)
-    feeds = {"x": x, "flag": np.array(True)}
+    x = np.abs(np.random.default_rng(3).normal(0, 1, (1, 6))).astype(np.float32)
+    feeds = {"x": x}
     (want,) = _ort(model, feeds)
     for _ in range(2):  # the first call asks for the variant; the second runs it and asks for its rank variant
         np.testing.assert_allclose(compiled.run(feeds)["out"], want, rtol=1e-6)

@@ -271,6 +271,8 @@ def _activation_nodes(activation: str, x: str) -> tuple[list, dict]:
     if activation in _ONNX_ACTIVATION:
         op, attrs = _ONNX_ACTIVATION[activation]
         return [helper.make_node(op, [x], ["y"], **attrs)], {}
+    if activation == "silu":
+        return [helper.make_node("Sigmoid", [x], ["sig"]), helper.make_node("Mul", [x, "sig"], ["y"])], {}
     if activation == "clip":
         lo, hi = _PARAMS["clip"]
         return [helper.make_node("Clip", [x, "lo", "hi"], ["y"])], {"lo": np.array(lo, np.float32),
