@@ -341,3 +341,38 @@ def test_a_square_is_a_product(exponent_shape, squared):
     got = egraft.compile(model).run({"x": x})["y"]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got.reshape(5, 8) if squared else got, (x * x) if squared else want)
+
+
+@pytest.mark.parametrize("kernel, strides, pads, separable", [
+    ([13, 13], [1, 1], [6, 6, 6, 6], True),   # YOLO's SPPF: the compile picks the two pools
+    ([9, 7], [1, 1], [4, 2, 3, 4], None),     # uneven window and pads: the cost model decides
+    ([5, 5], [2, 2], [2, 2, 2, 2], False),    # strided: left alone
+    ([3, 3], [1, 1], [1, 1, 1, 1], False),    # too small to pay
+])
+def test_a_big_max_pool_runs_as_two_one_dimensional_pools(kernel, strides, pads, separable):
+    """MaxPool k x k = MaxPool 1 x k of MaxPool k x 1 (the max of column maxima), exactly,
+    padding included; the compiled model picks it where it pays."""
+    from egraft.optimize import optimize
+
+    def pool_model(pools) -> onnx.ModelProto:
+        nodes = [helper.make_node("MaxPool", [f"t{i}"], [f"t{i + 1}"], kernel_shape=k, strides=s, pads=p)
+                 for i, (k, s, p) in enumerate(pools)]
+        x_info = helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 16, 13, 15])
+        graph = helper.make_graph(nodes, "pool", [x_info],
+                                  [helper.make_tensor_value_info(f"t{len(pools)}", TensorProto.FLOAT, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    model = pool_model([(kernel, strides, pads)])
+    rule = optimize(egraft.load(model)).saturation.rules["separable_max_pool"]
+    assert rule.applied == (separable is not False)
+    x = np.random.default_rng(5).normal(0, 1, (1, 16, 13, 15)).astype(np.float32)
+    want = run_onnxruntime(model, {"t0": x})["t1"]
+    if separable is not False:  # the rewritten form is the pool, bit for bit
+        two = pool_model([([kernel[0], 1], [1, 1], [pads[0], 0, pads[2], 0]),
+                          ([1, kernel[1]], [1, 1], [0, pads[1], 0, pads[3]])])
+        np.testing.assert_array_equal(run_onnxruntime(two, {"t0": x})["t2"], want)
+    compiled = egraft.compile(model)
+    kernels = [s.node.attrs["kernel_shape"] for s in compiled.steps if s.node.op == "MaxPool"]
+    if separable is not None:
+        assert kernels == ([[kernel[0], 1], [1, kernel[1]]] if separable else [kernel])
+    np.testing.assert_array_equal(compiled.run({"t0": x})["t1"], want)
