@@ -17,9 +17,9 @@ is the same product over the output pixels (rows) and the taps (depth), its weig
 constant. ``B`` is packed at compile time into panels of ``nr`` columns (two vectors of
 int32 lanes). Per tile of ``rows`` rows, the rows of A (for ConvInteger, each pixel's taps)
 are written to the thread's scratch; then every panel of the thread's share accumulates
-the tile's ``rows x nr`` outputs in registers (:func:`_emit_pair_gemm`), with one of the
+the tile's ``rows x nr`` outputs in registers (:func:`emit_pair_gemm`), with one of the
 forms of :class:`PairProduct`: ``vpdpbusd`` on the raw bytes with AVX-512 VNNI (the zero
-points enter afterwards through row and column sums, :class:`_ZeroPoints`), ``vpmaddwd``
+points enter afterwards through row and column sums, :class:`ZeroPoints`), ``vpmaddwd``
 on int16 pairs of the operands minus their zero points otherwise.
 
 Example: ``MatMulInteger(a: u8[batch, seq, 512], B: i8[512, 384] (constant), a_zp: u8[], b_zp: i8[])``
@@ -133,7 +133,7 @@ def _per_axis_loops(ctx: KernelContext, axis: int | None, params, element) -> No
 
 
 # ---- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear ----------------------------------------
-def _quantize(ctx: KernelContext, x: ir.Value, scale: ir.Value, zero_point: ir.Value, dtype: DType) -> ir.Value:
+def quantize_element(ctx: KernelContext, x: ir.Value, scale: ir.Value, zero_point: ir.Value, dtype: DType) -> ir.Value:
     """``saturate(round_half_even(x / scale) + zero_point)`` as ``dtype`` (``zero_point`` a float);
     NaN saturates to the low end (as onnxruntime's vector path)."""
     b = ctx.builder
@@ -166,7 +166,7 @@ def quantize_linear(ctx: KernelContext) -> None:
         return scale, zero
 
     def element(j, scale, zero):
-        b.store(b.trunc(_quantize(ctx, b.load(b.gep(x, [j])), scale, zero, dtype), I8), b.gep(y, [j]))
+        b.store(b.trunc(quantize_element(ctx, b.load(b.gep(x, [j])), scale, zero, dtype), I8), b.gep(y, [j]))
 
     _per_axis_loops(ctx, axis, params, element)
 
@@ -248,7 +248,7 @@ def dynamic_quantize_linear(ctx: KernelContext) -> None:
     b.store(scale, ctx.out_ptr(1))
     b.store(b.trunc(b.fptoui(zero_point, I32), I8), ctx.out_ptr(2))
     with ctx.loop(count, name="q") as i:
-        q = _quantize(ctx, b.load(b.gep(x, [i])), scale, zero_point, DType.UINT8)
+        q = quantize_element(ctx, b.load(b.gep(x, [i])), scale, zero_point, DType.UINT8)
         b.store(b.trunc(q, I8), b.gep(y, [i]))
 
 
@@ -368,7 +368,7 @@ def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, .
     return tuple(int(v) for v in flat)
 
 
-def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Value, k: int, n: int,
+def emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Value, k: int, n: int,
                     rows: ir.Value, pack_row, store_row, finish=None,
                     share: tuple[ir.Value, ir.Value] | None = None) -> None:
     """``out[r, :n] = rows_of_A[r, :k] @ B`` over ``rows`` rows, B constant in the panels of
@@ -443,7 +443,7 @@ def _emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Val
             rows_of(b.mul(tiles, const64(mr)), size)
 
 
-class _ZeroPoints:
+class ZeroPoints:
     """The depth-4 products' zero-point terms: the products run on ``a_u`` (A as uint8) and
     ``b_s`` (B as int8), so ``sum((a_u - za) * (b_s - zb)) = sum(a_u * b_s) - za * colsum(b_s)
     - zb * (rowsum(a_u) - k * za)``, all in wrapping int32 (exact: the result fits). Per row of
@@ -486,7 +486,7 @@ def _as_unsigned(b: ir.IRBuilder, value: ir.Value, dtype: DType) -> ir.Value:
     return _widen(b, value, dtype) if dtype == DType.UINT8 else b.add(_widen(b, value, dtype), ir.Constant(I32, 128))
 
 
-def _check_tile_fits(ctx: KernelContext, product: PairProduct, k: int) -> None:
+def check_tile_fits(ctx: KernelContext, product: PairProduct, k: int) -> None:
     if product.rows * product.depth * -(-k // product.depth) * 4 > KERNEL_SCRATCH_BYTES:
         raise Unsupported(f"{ctx.node.op} with a depth of {k}: its row tile does not fit the scratch")
 
@@ -504,7 +504,7 @@ def matmul_integer(ctx: KernelContext) -> None:
     """``(A - a_zero_point) @ (B - b_zero_point)`` in int32 for a constant 2-D ``B``; A's zero
     point per tensor or per row, computed or constant; B's per tensor or per column.
 
-    The rows of A (all batch dims folded in) in tiles through :func:`_emit_pair_gemm`; a
+    The rows of A (all batch dims folded in) in tiles through :func:`emit_pair_gemm`; a
     whole panel of a row is stored as vectors, the last (partial) one lane by lane."""
     a_dtype = _int_dtype(ctx, 0)
     _int_dtype(ctx, 1)
@@ -520,7 +520,7 @@ def matmul_integer(ctx: KernelContext) -> None:
     if a_shape[-1] != k:
         raise Unsupported(f"MatMulInteger: A's last dim {a_shape[-1]} is not B's {k} at compile time")
     product = PairProduct.for_host()
-    _check_tile_fits(ctx, product, k)
+    check_tile_fits(ctx, product, k)
     width = product.lanes
     nr = 2 * width
     packed = _pack_weights(ctx, product, "quant.integer_panels", _constant_zero_point(ctx, 3, n))
@@ -538,7 +538,7 @@ def matmul_integer(ctx: KernelContext) -> None:
         else:
             raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
     vt32 = ir.VectorType(I32, width)
-    terms = _ZeroPoints(ctx, product, packed, k, n) if product.depth == 4 else None
+    terms = ZeroPoints(ctx, product, packed, k, n) if product.depth == 4 else None
     total = ctx.alloca(I32, name="rowsum")
 
     def pack_row(row: ir.Value, put, i: int) -> None:
@@ -573,7 +573,7 @@ def matmul_integer(ctx: KernelContext) -> None:
                 with ctx.loop(valid, name="j") as j:
                     b.store(b.load(b.gep(lanes, [j])), b.gep(c, [b.add(out, j)]))
 
-    _emit_pair_gemm(ctx, product, packed, k, n, ctx.dim(_numel(a_shape[:-1])), pack_row, store_row,
+    emit_pair_gemm(ctx, product, packed, k, n, ctx.dim(_numel(a_shape[:-1])), pack_row, store_row,
                     terms.finish if terms is not None else None)
 
 
@@ -612,13 +612,13 @@ def pack_conv_integer_quads(w: np.ndarray, nr: int, zero_point: tuple[int, ...] 
 def _im2col_conv_integer(ctx: KernelContext, g, x_dtype: DType, x_zero: ir.Value, w_zero: tuple[int, ...]) -> None:
     """ConvInteger (group 1) as a product: the output pixels of each image are the rows, the
     taps ``(c, kh, kw)`` the depth and the output channels the columns of
-    :func:`_emit_pair_gemm`; a row's taps are gathered from x (zero outside the input).
+    :func:`emit_pair_gemm`; a row's taps are gathered from x (zero outside the input).
     ``x_zero``: x's zero point as int32 in x's type (depth 2) or as uint8 (depth 4)."""
     product = PairProduct.for_host()
     taps = g.channels * g.k_h * g.k_w
-    _check_tile_fits(ctx, product, taps)
+    check_tile_fits(ctx, product, taps)
     packed = _pack_weights(ctx, product, "quant.conv_integer_panels", w_zero)
-    terms = _ZeroPoints(ctx, product, packed, taps, g.out_channels) if product.depth == 4 else None
+    terms = ZeroPoints(ctx, product, packed, taps, g.out_channels) if product.depth == 4 else None
     total = ctx.alloca(I32, name="rowsum")
     b = ctx.builder
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
@@ -661,7 +661,7 @@ def _im2col_conv_integer(ctx: KernelContext, g, x_dtype: DType, x_zero: ir.Value
                 at = b.add(y_image, b.add(b.mul(b.add(column, j), pixels), pixel))
                 b.store(b.load(b.gep(lanes, [j])), b.gep(y, [at]))
 
-        _emit_pair_gemm(ctx, product, packed, taps, g.out_channels, pixels, pack_row, store_row,
+        emit_pair_gemm(ctx, product, packed, taps, g.out_channels, pixels, pack_row, store_row,
                         terms.finish if terms is not None else None)
 
 
@@ -727,4 +727,5 @@ def conv_integer(ctx: KernelContext) -> None:
 
 __all__ = ["pack_integer_panels", "pack_conv_integer_weights", "matmul_integer", "conv_integer", "quantize_linear",
            "dequantize_linear", "dynamic_parameters", "dynamic_quantize_linear", "PairProduct", "RANGES",
-           "pack_integer_quads", "pack_conv_integer_panels", "pack_conv_integer_quads"]
+           "pack_integer_quads", "pack_conv_integer_panels", "pack_conv_integer_quads", "emit_pair_gemm",
+           "ZeroPoints", "check_tile_fits", "quantize_element"]

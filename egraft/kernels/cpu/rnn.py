@@ -62,13 +62,13 @@ from egraft.kernels.cpu.emit import (
 from egraft.kernels.cpu.gemm import CONTRACT, Matrix, emit_gemm, heap_buffer, heap_free
 from egraft.kernels.cpu.quant import (
     PairProduct,
-    _check_tile_fits,
-    _emit_pair_gemm,
-    _quantize,
-    _ZeroPoints,
+    ZeroPoints,
+    check_tile_fits,
     dynamic_parameters,
+    emit_pair_gemm,
     pack_integer_panels,
     pack_integer_quads,
+    quantize_element,
 )
 
 #: Rows of ``R^T`` added to the gate accumulators per pass of the recurrent product.
@@ -376,7 +376,7 @@ class _IntegerProducts:
     of each direction packed at compile time for the host's :class:`PairProduct`
     (:func:`pack_integer_quads` or :func:`pack_integer_panels`), the left operand quantized
     as its rows are packed, the sums through
-    :func:`egraft.kernels.cpu.quant._emit_pair_gemm` and scaled into float rows of
+    :func:`egraft.kernels.cpu.quant.emit_pair_gemm` and scaled into float rows of
     :attr:`stride` (whole panels) columns."""
 
     def __init__(self, ctx: KernelContext, layer: Layer):
@@ -387,7 +387,7 @@ class _IntegerProducts:
         self.panels = -(-gh // nr)
         self.stride = self.panels * nr
         self.k = {"w": layer.w_t.shape[1], "r": layer.r_t.shape[1]}
-        _check_tile_fits(ctx, product, max(self.k.values()))
+        check_tile_fits(ctx, product, max(self.k.values()))
         pack = pack_integer_quads if product.depth == 4 else pack_integer_panels
         self.packed, self.scales, self.biases = {}, {}, {}
         for which, ints, zeros, scales, bias in (("w", layer.w_t, layer.w_zero, layer.w_scale, layer.wb),
@@ -412,14 +412,14 @@ class _IntegerProducts:
         zero = b.fptosi(zero_point, I32)
         packed = self.packed[which, d]
         gh = self.layer.gates * self.layer.hidden
-        terms = _ZeroPoints(ctx, product, packed, k, gh) if product.depth == 4 else None
+        terms = ZeroPoints(ctx, product, packed, k, gh) if product.depth == 4 else None
         total = ctx.alloca(I32, name="rowsum")
 
         def pack_row(row: ir.Value, put, i: int) -> None:
             start = b.mul(row, const64(k))
             b.store(ir.Constant(I32, 0), total)
             with ctx.loop(const64(k), name="qk") as j:
-                q = _quantize(ctx, b.load(b.gep(src, [b.add(start, j)])), scale, zero_point, DType.UINT8)
+                q = quantize_element(ctx, b.load(b.gep(src, [b.add(start, j)])), scale, zero_point, DType.UINT8)
                 if terms is None:
                     put(j, b.sub(q, zero))
                 else:  # raw uint8; the zero points enter through the sums
@@ -443,7 +443,7 @@ class _IntegerProducts:
                 value = b.fadd(b.fmul(b.sitofp(sums, vf), b.fmul(a_scale, w_scale)), bias)
                 b.store(value, b.bitcast(b.gep(out, [b.add(at, const64(v * width))]), vf.as_pointer()), align=4)
 
-        _emit_pair_gemm(ctx, product, packed, k, gh, rows, pack_row, store_row,
+        emit_pair_gemm(ctx, product, packed, k, gh, rows, pack_row, store_row,
                         terms.finish if terms is not None else None, share=(const64(0), const64(self.panels)))
 
 
