@@ -330,3 +330,31 @@ def test_pools_with_vectorized_interiors_match_onnxruntime(op, x_shape, attrs):
     x[0, 0, 3, 10] = np.nan  # NaN propagates as in egraft's reference (numpy's maximum; onnxruntime may drop it)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], egraft.load(model).run({"x": x})["y"], rtol=1e-5,
                                atol=1e-6)
+
+
+FEW_PIXEL_CASES = [
+    ((1, 1, 1760), (257, 1, 512), {"strides": [160]}, None),            # livekit's STFT: 257 channels, 8 frames
+    ((2, 3, 40), (96, 3, 7), {"strides": [5], "pads": [3, 3]}, None),   # padded taps, two images
+    ((1, 4, 9, 9), (80, 4, 3, 3), {"strides": [4, 4], "pads": [1, 1, 1, 1]}, "relu"),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs, activation", FEW_PIXEL_CASES)
+def test_a_convolution_of_few_pixels_runs_transposed(x_shape, w_shape, attrs, activation):
+    """Few output pixels, many channels: ``Y^T = X_col^T @ W^T`` (the channels fill the
+    micro-kernel's columns), transposed into ``Y``; every value as onnxruntime's."""
+    x, w, b = randn(*x_shape), randn(*w_shape), randn(w_shape[0])
+    model = conv_model(w, b, {**attrs, **({"activation": activation} if activation else {})}, x_shape,
+                       op="FusedConv" if activation else "Conv")
+    graph = egraft.load(model)
+    from egraft.lowering.compile import lower
+
+    lowered = lower(graph)
+    assert [made.packing for made in lowered.packed_from.values()] == ["conv_gemm.transposed_panels"]
+    compiled = compile_graph(graph)
+    want = reference(x, w, b, attrs, activation or "")
+    for threads in (1, 2):
+        compiled.threads = threads
+        got = compiled.run({"x": x})["y"]
+        assert got.shape == want.shape
+        assert scale_relative_error(got, want) <= 1e-5

@@ -11,6 +11,12 @@ tap's row and column shift; per ``p``: the window's top-left corner) made at com
 time, zero where the tap falls in the padding. A 1x1 convolution with unit strides and
 no padding reads ``X`` as the plain ``[C, H*W]`` matrix it is.
 
+A convolution with few output pixels and many output channels (an STFT as a 1-D
+convolution: 257 channels, 8 frames) would fill a fraction of the micro-kernel's ``NR``
+columns: it runs transposed instead, ``Y^T = X_col^T @ W^T`` (pixels as the rows, the
+channels as the columns, ``W^T`` packed at compile time), with ``X_col^T`` gathered into a
+heap buffer and the result transposed into ``Y`` (:func:`emit_few_pixels`).
+
 Depthwise convolutions (one input channel per group) stay on the direct kernel
 (:mod:`egraft.kernels.cpu.conv`): a product of one row of ``k`` per output channel has
 nothing to reuse.
@@ -26,7 +32,15 @@ from llvmlite import ir
 
 from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu.emit import I64, KernelContext, register_packing
-from egraft.kernels.cpu.sgemm import BIAS_PER_ROW, MAX_SEGMENTS, Epilogue, blocking, emit_call, pack_a_constant
+from egraft.kernels.cpu.sgemm import (
+    BIAS_PER_ROW,
+    MAX_SEGMENTS,
+    Epilogue,
+    blocking,
+    emit_call,
+    pack_a_constant,
+    pack_b_constant,
+)
 
 
 def conv_tables(geo) -> dict[str, np.ndarray]:
@@ -82,6 +96,86 @@ def pack_conv_weights(w: np.ndarray, group: int, mr: int) -> np.ndarray:
     return np.concatenate([pack_a_constant(rows[g], mr) for g in range(group)])
 
 
+@register_packing("conv_gemm.transposed_panels", gather=True)
+def pack_transposed_weights(w: np.ndarray, nr: int) -> np.ndarray:
+    """ONNX weights ``[M, C, KH, KW]`` (one group) as ``W^T`` (``[K, M]``) packed for the
+    products' ``B`` (:func:`~egraft.kernels.cpu.sgemm.pack_b_constant`): the few-pixels form.
+
+    Example:
+        >>> pack_transposed_weights(np.arange(4, dtype=np.float32).reshape(2, 1, 2, 1), 4)[:4]
+        array([0., 2., 0., 0.], dtype=float32)
+    """
+    return pack_b_constant(np.asarray(w, np.float32).reshape(w.shape[0], -1).T, nr)
+
+
+def few_pixels(ctx: KernelContext, geo, residual: int | None) -> bool:
+    """Whether the convolution runs transposed (see the module docstring): one group,
+    constant weights, no residual, fewer output pixels than half a panel of ``NR`` and at
+    least two panels' worth of output channels."""
+    blk = blocking()
+    return (geo.group == 1 and residual is None and ctx.constant(1) is not None
+            and geo.out_h * geo.out_w * 2 <= blk.nr and geo.out_channels >= 2 * blk.nr)
+
+
+def emit_few_pixels(ctx: KernelContext, geo, bias: int | None, activation: str, params: tuple[float, ...]) -> None:
+    """Per image: ``X_col^T`` (pixels x taps, zero in the padding) into a heap buffer, one
+    product ``X_col^T @ W^T`` (bias per column, the activation) into another, then its
+    transpose into ``Y``. One part: the product is small."""
+    from egraft.kernels.cpu.gemm import heap_buffer, heap_free
+    from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN
+
+    b = ctx.builder
+    f32 = ir.FloatType()
+    k = geo.channels * geo.k_h * geo.k_w
+    pixels, m = geo.out_h * geo.out_w, geo.out_channels
+    w_t, _ = ctx.packed_constant("packed_wt", "conv_gemm.transposed_panels", 1, nr=blocking().nr)
+    tables = conv_tables(geo)
+    rows = tables["n_h"][:, None] + tables["k_h"][None, :]
+    columns = tables["n_w"][:, None] + tables["k_w"][None, :]
+    padded = bool(((rows < 0) | (rows >= geo.in_h) | (columns < 0) | (columns >= geo.in_w)).any())
+    k_off, k_h, k_w = (ctx.derived_constant(name, tables[name]) for name in ("k_off", "k_h", "k_w"))
+    x, y = ctx.in_ptr(0), ctx.out_ptr(0)
+    bias_ptr = ctx.in_ptr(bias) if bias is not None else None
+    a = heap_buffer(ctx, f32, ir.Constant(I64, pixels * k))
+    c = heap_buffer(ctx, f32, ir.Constant(I64, pixels * m))
+    plane = geo.in_h * geo.in_w
+
+    def const(v: int) -> ir.Constant:
+        return ir.Constant(I64, v)
+
+    def load(table: ir.Value, i: ir.Value) -> ir.Value:
+        return b.load(b.gep(table, [i]))
+
+    with ctx.loop(ctx.dim(geo.batch), name="image") as image:
+        x_image = b.gep(x, [b.mul(image, const(geo.channels * plane))])
+        for p in range(pixels):  # few: unrolled
+            n_h, n_w = int(tables["n_h"][p]), int(tables["n_w"][p])
+            corner = b.gep(x_image, [const(n_h * geo.in_w + n_w)])
+            with ctx.loop(const(k), name="tap") as tap:
+                at = b.gep(a, [b.add(const(p * k), tap)])
+                if padded:
+                    row, column = b.add(load(k_h, tap), const(n_h)), b.add(load(k_w, tap), const(n_w))
+                    inside = b.and_(b.icmp_unsigned("<", row, const(geo.in_h)),
+                                    b.icmp_unsigned("<", column, const(geo.in_w)))
+                    with b.if_else(inside) as (then, otherwise):
+                        with then:
+                            b.store(b.load(b.gep(corner, [load(k_off, tap)])), at)
+                        with otherwise:
+                            b.store(ir.Constant(f32, 0.0), at)
+                else:
+                    b.store(b.load(b.gep(corner, [load(k_off, tap)])), at)
+        epilogue = Epilogue(bias=bias_ptr, bias_kind=BIAS_PER_COLUMN, activation=activation, params=params)
+        emit_call(ctx, {"m": pixels, "n": m, "k": k, "a": a, "a_rs": k, "a_cs": 1, "b": w_t, "b_packed": 1,
+                        "c": c, "ldc": m}, epilogue, parallel=False)
+        y_image = b.mul(image, const(m * pixels))
+        with ctx.loop(const(m), name="channel") as channel:
+            for p in range(pixels):
+                value = b.load(b.gep(c, [b.add(const(p * m), channel)]))
+                b.store(value, b.gep(y, [b.add(y_image, b.add(b.mul(channel, const(pixels)), const(p)))]))
+    heap_free(ctx, a)
+    heap_free(ctx, c)
+
+
 def is_plain_matrix(geo) -> bool:
     """A 1x1 convolution with unit strides and no padding: ``X`` is already ``[C, H*W]``."""
     return (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w) == (1, 1, 1, 1, 0, 0) \
@@ -114,6 +208,9 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
                    params: tuple[float, ...]) -> None:
     """Emit the convolution of ``ctx``'s node as products (see the module docstring);
     :func:`fits` must hold."""
+    if few_pixels(ctx, geo, residual):
+        emit_few_pixels(ctx, geo, bias, activation, params)
+        return
     b = ctx.builder
     k = geo.group_in * geo.k_h * geo.k_w
     pixels = geo.out_h * geo.out_w
@@ -154,4 +251,5 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
                             "b": at(x, x_at), **b_fields, "c": at(y, y_at), "ldc": pixels}, epilogue)
 
 
-__all__ = ["conv_tables", "pack_conv_weights", "is_plain_matrix", "fits", "residual_fits", "emit_conv_gemm"]
+__all__ = ["conv_tables", "pack_conv_weights", "pack_transposed_weights", "is_plain_matrix", "fits", "few_pixels",
+           "residual_fits", "emit_conv_gemm", "emit_few_pixels"]
