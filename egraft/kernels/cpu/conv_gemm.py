@@ -110,11 +110,11 @@ def pack_transposed_weights(w: np.ndarray, nr: int) -> np.ndarray:
 
 def few_pixels(ctx: KernelContext, geo, residual: int | None) -> bool:
     """Whether the convolution runs transposed (see the module docstring): one group,
-    constant weights, no residual, fewer output pixels than half a panel of ``NR`` and at
-    least two panels' worth of output channels."""
+    constant weights, no residual, fewer output pixels than a panel of ``NR`` and at least
+    two panels' worth of output channels."""
     blk = blocking()
     return (geo.group == 1 and residual is None and ctx.constant(1) is not None
-            and geo.out_h * geo.out_w * 2 <= blk.nr and geo.out_channels >= 2 * blk.nr)
+            and geo.out_h * geo.out_w < blk.nr and geo.out_channels >= 2 * blk.nr)
 
 
 def emit_few_pixels(ctx: KernelContext, geo, bias: int | None, activation: str, params: tuple[float, ...]) -> None:
