@@ -68,6 +68,14 @@ def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict,
     return to_blocked(y, BLOCK)
 
 
+def assert_matches_at_1_and_2_threads(compiled, xb: np.ndarray, want: np.ndarray) -> None:
+    for threads in (1, 2):
+        compiled.threads = threads
+        got = compiled.run({"xb": xb})["y"]
+        assert got.shape == want.shape
+        assert scale_relative_error(got, want) <= 1e-5, threads
+
+
 def compiled_kernel(model: onnx.ModelProto):
     compiled = compile_graph(egraft.load(model))
     (step,) = compiled.steps
@@ -106,11 +114,7 @@ def test_matches_onnxruntime(label, x_shape, out_channels, attrs, with_bias):
     xb = to_blocked(x, BLOCK)
     compiled = compiled_kernel(nchwc_model(w, b, attrs, list(xb.shape)))
     want = reference(x, w, b, attrs)
-    for threads in (1, 2):
-        compiled.threads = threads
-        got = compiled.run({"xb": xb})["y"]
-        assert got.shape == want.shape
-        assert scale_relative_error(got, want) <= 1e-5, threads
+    assert_matches_at_1_and_2_threads(compiled, xb, want)
 
 
 def test_symbolic_batch():
@@ -205,11 +209,7 @@ def test_depthwise_matches_onnxruntime(label, x_shape, attrs, activation):
     want = reference(x, w, b, attrs)
     if activation:
         want = want * np.clip(want / 6 + 0.5, 0, 1)
-    for threads in (1, 2):
-        compiled.threads = threads
-        got = compiled.run({"xb": xb})["y"]
-        assert got.shape == want.shape
-        assert scale_relative_error(got, want) <= 1e-5, threads
+    assert_matches_at_1_and_2_threads(compiled, xb, want)
 
 
 def test_depthwise_with_a_residual_and_no_bias():

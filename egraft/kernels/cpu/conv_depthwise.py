@@ -27,8 +27,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from egraft.ir.ops.layout import unblocked_shape
-from egraft.kernels.cpu.conv import ConvGeometry, affine, const64, constant_table, conv_geometry, fmuladd
+from egraft.kernels.cpu.conv import ConvGeometry, affine, const64, constant_table, fmuladd, vector_pointer
 from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, register_packing
 
 #: Channels per block (the blocked layout's).
@@ -52,21 +51,6 @@ def pack_depthwise(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(c // BLOCK, BLOCK, kh, kw).transpose(0, 2, 3, 1)).reshape(-1)
 
 
-def depthwise_geometry(ctx: KernelContext) -> ConvGeometry | None:
-    """The geometry of a blocked depthwise ``ConvNCHWc`` (one input and one output channel
-    per group, static spatial dims), else ``None``."""
-    x_shape, out_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0))
-    if int(ctx.attr("block", BLOCK)) != BLOCK or len(x_shape) != 5 or len(out_shape) != 5:
-        return None
-    try:
-        geo = conv_geometry(ctx, unblocked_shape(x_shape, BLOCK), unblocked_shape(out_shape, BLOCK))
-    except ValueError:
-        return None
-    if geo.group == 1 or not geo.group == geo.channels == geo.out_channels:
-        return None
-    return geo
-
-
 def emit_depthwise(ctx: KernelContext, geo: ConvGeometry, bias: int | None, residual: int | None,
                    activation: str = "", params=()) -> None:
     """The kernel of a blocked depthwise convolution (see the module docstring)."""
@@ -88,10 +72,10 @@ def emit_depthwise(ctx: KernelContext, geo: ConvGeometry, bias: int | None, resi
     taps = geo.k_h * geo.k_w * BLOCK
 
     def vload(pointer: ir.Value, index: ir.Value) -> ir.Value:
-        return b.load(b.bitcast(b.gep(pointer, [index]), vector.as_pointer()), align=4)
+        return b.load(vector_pointer(b, pointer, index, BLOCK), align=4)
 
     def vstore(value: ir.Value, pointer: ir.Value, index: ir.Value) -> None:
-        b.store(value, b.bitcast(b.gep(pointer, [index]), vector.as_pointer()), align=4)
+        b.store(value, vector_pointer(b, pointer, index, BLOCK), align=4)
 
     lo, hi = ctx.share(blocks * geo.out_h)
     with ctx.loop(ctx.dim(geo.batch), name="n") as n:
@@ -146,4 +130,4 @@ def emit_depthwise(ctx: KernelContext, geo: ConvGeometry, bias: int | None, resi
                 pixels(const64(ow), 1, [valid])
 
 
-__all__ = ["BLOCK", "TILE_PIXELS", "depthwise_geometry", "emit_depthwise", "pack_depthwise"]
+__all__ = ["BLOCK", "TILE_PIXELS", "emit_depthwise", "pack_depthwise"]

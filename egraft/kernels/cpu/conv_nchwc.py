@@ -91,6 +91,22 @@ MAX_ACCUMULATORS = 12
 
 
 # ---- compile-time plans -----------------------------------------------------------------------------
+def unblocked_geometry(ctx: KernelContext) -> ConvGeometry:
+    """Conv's geometry (:func:`~egraft.kernels.cpu.conv.conv_geometry`) of a 2-D ``ConvNCHWc``
+    on its unblocked shapes, any groups and dilations; :class:`Unsupported` for another
+    block than :data:`BLOCK` or another rank."""
+    x_shape, out_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0))
+    block = int(ctx.attr("block", BLOCK))
+    if block != BLOCK:
+        raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
+    if len(x_shape) != 5 or len(out_shape) != 5:
+        raise Unsupported("only 2-D blocked convolutions have generated code")
+    try:
+        return conv_geometry(ctx, unblocked_shape(x_shape, BLOCK), unblocked_shape(out_shape, BLOCK))
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+
+
 def blocked_geometry(ctx: KernelContext) -> ConvGeometry:
     """The geometry of a ``ConvNCHWc`` node in channel terms (C and M, not blocks): Conv's
     (:func:`~egraft.kernels.cpu.conv.conv_geometry`) on the unblocked shapes;
@@ -100,16 +116,7 @@ def blocked_geometry(ctx: KernelContext) -> ConvGeometry:
     Example: ``ConvNCHWc(f32[N, 2, 10, 10, 8], W f32[8, 16, 3, 3]) {strides = [2, 2], pads = [1, 1, 1, 1]}``
     has ``channels == 16``, ``out_channels == 8`` and ``out_h == out_w == 5``.
     """
-    x_shape, out_shape = ctx.shape(ctx.in_type(0)), ctx.shape(ctx.out_type(0))
-    block = int(ctx.attr("block", BLOCK))
-    if block != BLOCK:
-        raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
-    if len(x_shape) != 5 or len(out_shape) != 5:
-        raise Unsupported("only 2-D blocked convolutions have generated code")
-    try:
-        geo = conv_geometry(ctx, unblocked_shape(x_shape, BLOCK), unblocked_shape(out_shape, BLOCK))
-    except ValueError as e:
-        raise Unsupported(str(e)) from None
+    geo = unblocked_geometry(ctx)
     if geo.group != 1:
         raise Unsupported(f"group {geo.group} has no generated code (one group only)")
     if (geo.dil_h, geo.dil_w) != (1, 1):
@@ -506,9 +513,9 @@ def conv_nchwc(ctx: KernelContext) -> None:
         conv_symbolic.emit_symbolic_conv(ctx, llvm_type(ctx.out_type(0).dtype), 2 if ctx.has_input(2) else None,
                                          residual, activation, params, block=block)
         return
-    depthwise = conv_depthwise.depthwise_geometry(ctx)
-    if depthwise is not None:  # one channel per group: a vector multiply-add per tap
-        conv_depthwise.emit_depthwise(ctx, depthwise, 2 if ctx.has_input(2) else None, residual, activation, params)
+    geo = unblocked_geometry(ctx)
+    if geo.group > 1 and geo.group == geo.channels == geo.out_channels:  # depthwise: a vector multiply-add per tap
+        conv_depthwise.emit_depthwise(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params)
         return
     geo = column_as_row(blocked_geometry(ctx))
     NCHWcEmitter(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params).emit()
@@ -533,5 +540,6 @@ def column_as_row(geo: ConvGeometry) -> ConvGeometry:
                    stride_w=geo.stride_h, dil_h=1, dil_w=geo.dil_h, pad_h=0, pad_w=geo.pad_h)
 
 
-__all__ = ["BLOCK", "column_as_row", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry", "ColumnPlan", "plan_columns",
-           "accumulator_copies", "channel_tiles", "pack_weights", "NCHWcEmitter", "conv_nchwc"]
+__all__ = ["BLOCK", "column_as_row", "unblocked_geometry", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry",
+           "ColumnPlan", "plan_columns", "accumulator_copies", "channel_tiles", "pack_weights", "NCHWcEmitter",
+           "conv_nchwc"]
