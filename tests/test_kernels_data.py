@@ -96,6 +96,23 @@ def test_transpose_symbolic_batch_one_model_two_sizes():
     _check_sizes(model, lambda n: {"x": _values((n * 9, 19), np.float32)})  # tiled with a symbolic axis
 
 
+@pytest.mark.parametrize(("shape", "perm"), [((8, 8), [1, 0]), ((13, 21), [1, 0]), ((2, 9, 3, 17), [0, 3, 2, 1]),
+                                            ((64, 3136), [1, 0])])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_transpose_in_register_blocks(shape, perm, dtype):
+    """4-byte transposes with both sides >= 8 run in 8 x 8 register blocks, a side not a
+    multiple of 8 ending in an overlapping block: every element lands where numpy puts it."""
+    x = _values(shape, dtype)
+    _exact(_model("Transpose", {"x": x}, dtype, perm=perm), {"x": x})
+
+
+def test_transpose_in_register_blocks_symbolic_sides_long_and_short():
+    """A symbolic side is checked at run time: 8 x 8 blocks when both sides have 8, element
+    copies when one is shorter."""
+    model = _model("Transpose", {"x": np.zeros((1, 12), np.float32)}, np.float32, dims={"x": ["rows", 12]})
+    _check_sizes(model, lambda n: {"x": _values((n, 12), np.float32)}, sizes=(5, 8, 21))
+
+
 # ---- Concat and Split -------------------------------------------------------------------------
 @pytest.mark.parametrize("axis", [0, 1, 2, -1, -3])
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
@@ -435,7 +452,7 @@ def _layout_graph(op: str, in_shape, out_shape, block: int, dtype):
 
 
 @pytest.mark.parametrize(("shape", "block"), [((2, 16, 5, 5), 8), ((1, 8, 7), 4), ((3, 12, 2, 3, 4), 4),
-                                              ((2, 32, 9, 9), 16), ((1, 8, 1, 1), 8)])
+                                              ((2, 32, 9, 9), 16), ((1, 8, 1, 1), 8), ((1, 24, 3, 5), 8)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_layout_to_and_from_blocked(shape, block, dtype):
     from egraft.ir.dims import sym

@@ -376,3 +376,32 @@ def test_a_big_max_pool_runs_as_two_one_dimensional_pools(kernel, strides, pads,
     if separable is not None:
         assert kernels == ([[kernel[0], 1], [1, kernel[1]]] if separable else [kernel])
     np.testing.assert_array_equal(compiled.run({"t0": x})["t1"], want)
+
+
+def test_a_two_operand_sum_residual_joins_the_blocked_convolution():
+    """Sum(a, b) of equal shapes is a + b: ResNet's residual ``Relu(Sum(conv, x))`` (old
+    exporters) meets the Add rules and stays in the blocked layout with the convolutions."""
+    from egraft.optimize import optimize
+
+    rng = np.random.default_rng(6)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.1, (64, 64, 1, 1)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.1, (64, 64, 1, 1)).astype(np.float32), "w2")
+    w0 = numpy_helper.from_array(rng.normal(0, 0.1, (64, 64, 1, 1)).astype(np.float32), "w0")
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"]), helper.make_node("Sum", ["c2", "r0"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                               [1, 64, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w0, w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)])
+    assert optimize(egraft.load(model)).saturation.rules["sum_of_two_as_add"].applied
+    compiled = egraft.compile(model)
+    ops = [s.node.op for s in compiled.steps if s.kind != "view"]
+    assert "Sum" not in ops and ops.count("LayoutFromBlocked") == 1 and ops[-1] == "LayoutFromBlocked", ops
+    model.graph.node[5].op_type = "Add"  # the same block written with Add compiles to the same plan
+    assert [s.node.op for s in egraft.compile(model).steps if s.kind != "view"] == ops
+    model.graph.node[5].op_type = "Sum"
+    x = rng.normal(0, 1, (1, 64, 28, 28)).astype(np.float32)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"],
+                               rtol=1e-4, atol=1e-5)

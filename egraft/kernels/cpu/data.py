@@ -8,8 +8,9 @@ adjacent axes that stay contiguous for both sides, then emits
 
 - rows copied with ``llvm.memcpy`` when the innermost axis is contiguous on both sides
   (Concat, Split, Tile, a Slice of whole rows, Gather rows);
-- a tiled loop nest when the write is contiguous but the read is contiguous along another
-  axis (a real transpose), so both sides stay in cache;
+- a real transpose (the write contiguous, the read contiguous along another axis): 4-byte
+  elements in 8 x 8 register blocks (eight vector loads, shuffles, eight vector stores),
+  others in a tiled loop nest so both sides stay in cache;
 - else one loop nest whose inner loop writes contiguously (broadcast reads, stepped slices).
 
 Parameters that shape the loops (perm, axes, pads, repeats, split sizes) must be
@@ -200,6 +201,10 @@ def emit_strided_copy(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, d
         return
     tile = max(8, TILE_BYTES // _element_bytes(dst))
     across = [k for k in range(last) if _is_one(src_strides[k])]
+    if _is_one(dst_strides[last]) and across and _element_bytes(dst) == 4 and \
+            _worth_tiling(sizes[across[0]], REGISTER_BLOCK) and _worth_tiling(sizes[last], REGISTER_BLOCK):
+        _copy_transposed(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset, across[0])
+        return
     if _is_one(dst_strides[last]) and across and _worth_tiling(sizes[across[0]], tile) and \
             _worth_tiling(sizes[last], tile):
         _copy_tiled(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset, across[0], tile)
@@ -244,6 +249,82 @@ def _copy_elements(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, s
             b.store(b.load(b.gep(src, [s_here])), b.gep(dst, [d_here]))
 
     nest(0, dst_offset, src_offset)
+
+
+#: Side of the register block of a transposing copy of 4-byte elements: 8 x 8 in eight vectors.
+REGISTER_BLOCK = 8
+
+
+def transpose_registers(b: ir.IRBuilder, rows: Sequence[ir.Value]) -> list[ir.Value]:
+    """The 8 x 8 transpose of eight 8-lane vectors: ``result[j][i] == rows[i][j]``, in three
+    rounds of two-vector shuffles (pairs of lanes, then of pairs, then of halves: 24 shuffles,
+    the unpack / shuffle / permute2f128 sequence of AVX).
+
+    Example: rows of pixels with 8 channels each become rows of channels with 8 pixels each.
+    """
+    def shuffle(x: ir.Value, y: ir.Value, mask: Sequence[int]) -> ir.Value:
+        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(mask)), list(mask)))
+
+    lo, hi = (0, 8, 1, 9, 4, 12, 5, 13), (2, 10, 3, 11, 6, 14, 7, 15)
+    t = [shuffle(rows[2 * i], rows[2 * i + 1], m) for i in range(4) for m in (lo, hi)]
+    lo, hi = (0, 1, 8, 9, 4, 5, 12, 13), (2, 3, 10, 11, 6, 7, 14, 15)
+    u = [shuffle(t[4 * q + p], t[4 * q + p + 2], m) for q in range(2) for p in range(2) for m in (lo, hi)]
+    lo, hi = (0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)
+    return [shuffle(u[j % 4], u[j % 4 + 4], lo if j < 4 else hi) for j in range(8)]
+
+
+def _copy_transposed(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset, across: int) -> None:
+    """A transpose of 4-byte elements in 8 x 8 register blocks: eight vector loads along axis
+    ``across`` (contiguous in the source), :func:`transpose_registers`, eight vector stores along
+    the last axis (contiguous in the destination). A side that is not a multiple of 8 ends
+    with a block overlapping the one before it (a copy may write an element twice); a side
+    that may be shorter than 8 (a symbolic dim) is checked at run time and copied element by
+    element then. Small code: LLVM has nothing left to vectorize or unroll."""
+    b = ctx.builder
+    last = len(sizes) - 1
+    outer = [k for k in range(last) if k != across]
+    n_across, n_last = ctx.dim(sizes[across]), ctx.dim(sizes[last])
+    block = ir.Constant(I64, REGISTER_BLOCK)
+    vector = ir.VectorType(dst.type.pointee, REGISTER_BLOCK).as_pointer()
+
+    def starts(i: ir.Value, n: ir.Value) -> ir.Value:  # min(8 i, n - 8): the last block overlaps
+        return _smin(b, b.mul(i, block), b.sub(n, block))
+
+    def blocks(n: ir.Value) -> ir.Value:
+        return b.sdiv(b.add(n, ir.Constant(I64, REGISTER_BLOCK - 1)), block)
+
+    def nest(position: int, d_off: ir.Value, s_off: ir.Value) -> None:
+        if position < len(outer):
+            k = outer[position]
+            with ctx.loop(ctx.dim(sizes[k]), name=f"r{k}") as i:
+                nest(position + 1, _add_scaled(ctx, d_off, i, dst_strides[k]),
+                     _add_scaled(ctx, s_off, i, src_strides[k]))
+            return
+        with ctx.loop(blocks(n_across), name="ra") as ab:
+            a0 = starts(ab, n_across)
+            d_a = _add_scaled(ctx, d_off, a0, dst_strides[across])
+            s_a = b.add(s_off, a0)
+            with ctx.loop(blocks(n_last), name="rl") as lb:
+                l0 = starts(lb, n_last)
+                d_block = b.add(d_a, l0)
+                s_block = _add_scaled(ctx, s_a, l0, src_strides[last])
+                rows = [b.load(b.bitcast(b.gep(src, [_add_scaled(ctx, s_block, ir.Constant(I64, j),
+                                                                   src_strides[last])]), vector), align=4)
+                        for j in range(REGISTER_BLOCK)]
+                for i, row in enumerate(transpose_registers(b, rows)):
+                    at = _add_scaled(ctx, d_block, ir.Constant(I64, i), dst_strides[across])
+                    b.store(row, b.bitcast(b.gep(dst, [at]), vector), align=4)
+
+    known = all(isinstance(sizes[k], int | sympy.Integer) for k in (across, last))
+    if known:
+        nest(0, dst_offset, src_offset)
+        return
+    enough = b.and_(b.icmp_signed(">=", n_across, block), b.icmp_signed(">=", n_last, block))
+    with b.if_else(enough) as (blocked, short):
+        with blocked:
+            nest(0, dst_offset, src_offset)
+        with short:
+            _copy_elements(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset)
 
 
 def _copy_tiled(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset, across: int,
