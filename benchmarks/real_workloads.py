@@ -9,7 +9,9 @@ count the median latency of egraft and of onnxruntime (every optimization, that 
 intra-op threads) timed in alternating blocks, their ratio, and egraft's *overhead share*:
 (latency - time inside kernels) / latency, the kernel time read from a profiled run (the
 time-stamp counter around each kernel inside the native call). What Python runs between
-native calls (reference kernels, control steps) counts as overhead.
+native calls (reference kernels, control steps) counts as overhead. A last table gives
+each cold compile's seconds per stage, and the compile again with only the kernels' object
+code left in the cache (what a new model sharing its kernels with compiled ones pays).
 
 Run: python benchmarks/real_workloads.py [--only NAME...] [--threads 1 2] [--sets corpus bundled]
                                          [--json FILE] [--budget 2.0] [--timeout 900]
@@ -21,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -55,7 +58,7 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
     from egraft.testing.corpus.compare import compare_outputs
     from egraft.testing.timing import against_onnxruntime
 
-    temporary_cache()
+    cache = temporary_cache()
     model, feeds, tolerance = _model_and_feeds(name)
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
     start = time.perf_counter()
@@ -67,11 +70,16 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
     names = [o.name for o in judge.get_outputs()]
     reference = dict(zip(names, judge.run(names, feeds)))
     comparison = compare_outputs(compiled.run(feeds), reference)
-    row = dict(model=name, compile_s=compile_s, error=comparison.error, tolerance=tolerance,
-               fallbacks=len(compiled.report().fallbacks), runs={})
+    report = compiled.report()
+    row = dict(model=name, compile_s=compile_s, stages=dict(report.seconds), error=comparison.error,
+               tolerance=tolerance, fallbacks=len(report.fallbacks), runs={})
     for count in threads:
         compiled.threads = count
         row["runs"][str(count)] = against_onnxruntime(compiled, ort_session(proto, threads=count), feeds, budget)
+    shutil.rmtree(cache / "compiled", ignore_errors=True)  # the model forgotten, its kernels' objects kept
+    start = time.perf_counter()
+    egraft.compile(model)
+    row["kernels_cached_s"] = time.perf_counter() - start
     return row
 
 
@@ -123,6 +131,25 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
             table.caption = (f"geometric mean egraft / onnxruntime {_geomean(ratios):.3f} over {len(ratios)} models; "
                              f"{above} above 1.5x; slowest cold compile {slowest:.1f} s")
             console.print(table)
+        _print_compiles([r for r in chosen if "failure" not in r], title, console)
+
+
+def _print_compiles(rows: list[dict], title: str, console) -> None:
+    """Compile seconds per stage (cold: an empty cache), and again with the kernels' object
+    code cached (the model itself forgotten: what a model whose kernels another compiled
+    model shares pays)."""
+    from rich.table import Table
+
+    stages = ("load", "optimize", "lower", "llvm")
+    table = Table(title=f"{title}: compile seconds (cold: empty cache)")
+    for column in ("model", "cold", *stages, "other", "kernels cached"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for r in sorted(rows, key=lambda r: -r["compile_s"]):
+        spent = [r.get("stages", {}).get(k, float("nan")) for k in stages]
+        other = r["compile_s"] - sum(x for x in spent if x == x)
+        table.add_row(r["model"], f"{r['compile_s']:.1f}", *(f"{x:.2f}" for x in spent), f"{other:.2f}",
+                      f"{r.get('kernels_cached_s', float('nan')):.1f}")
+    console.print(table)
 
 
 def main() -> None:

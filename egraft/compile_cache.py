@@ -34,8 +34,9 @@ from egraft.ir.graph import Graph
 if TYPE_CHECKING:
     from egraft.kernels.cpu.emit import PackedFrom
 
-#: The entries' format: an entry of another format is rebuilt (4: the plan holds PackedFrom records).
-CACHE_FORMAT = 4
+#: The entries' format: an entry of another format is rebuilt (4: the plan holds PackedFrom
+#: records; 5: kernels are modules of their own, called through stubs).
+CACHE_FORMAT = 5
 
 #: An entry's constants (``KEY.bin``) hold at most this multiple of the model's weights'
 #: bytes (the constants the nodes read, less those computed from others); the schedule
@@ -305,13 +306,13 @@ def write_entry(entry: Path, lowered) -> None:
             offset += len(data)
         blob = b"".join(parts)
     entry.parent.mkdir(parents=True, exist_ok=True)
-    module_text = lowered.module_text  # LLVM IR text, 99% of the schedule: compressed 10x
-    lowered.graph.constants, lowered.derived, lowered.module_text = kept, kept_derived, ""
+    modules = lowered.kernels.modules  # LLVM IR text, 99% of the schedule: compressed 10x
+    lowered.graph.constants, lowered.derived, lowered.kernels.modules = kept, kept_derived, {}
     try:
-        payload = pickle.dumps((lowered, index, stored_plan, zlib.compress(module_text.encode(), 6)),
-                               protocol=pickle.HIGHEST_PROTOCOL)
+        packed = zlib.compress(pickle.dumps(modules, protocol=pickle.HIGHEST_PROTOCOL), 6)
+        payload = pickle.dumps((lowered, index, stored_plan, packed), protocol=pickle.HIGHEST_PROTOCOL)
     finally:
-        lowered.graph.constants, lowered.derived, lowered.module_text = constants, derived, module_text
+        lowered.graph.constants, lowered.derived, lowered.kernels.modules = constants, derived, modules
     files = {}
     for suffix, data in ((".bin", blob), (".pkl", payload)):
         tmp = entry.with_suffix(f"{suffix}.tmp")
@@ -341,8 +342,8 @@ def read_entry(entry: Path):
     if document is None:
         return None
     try:
-        lowered, index, stored_plan, module_text = pickle.loads(entry.read_bytes())
-        lowered.module_text = zlib.decompress(module_text).decode()
+        lowered, index, stored_plan, packed = pickle.loads(entry.read_bytes())
+        lowered.kernels.modules = pickle.loads(zlib.decompress(packed))
         if index is not None:
             recompute, restore, types = stored_plan
             blob_path = entry.with_suffix(".bin")

@@ -125,9 +125,9 @@ def test_ilp_time_limit_keeps_a_valid_program_and_reports_its_gap():
     result = optimize(egraft.load(onnx.load(light_model_path("resnet50"))), cost="roofline", extractor="ilp",
                       time_limit=30.0)
     ex = result.extraction
-    assert ex.status in ("optimal", "time limit"), ex.status
+    assert ex.status == "optimal" or ex.status.startswith("time limit"), ex.status
     assert ex.seconds <= 30.0 + 5.0
-    assert ex.gap is not None and (ex.status == "time limit" or ex.gap == 0.0)
+    assert ex.gap is not None and (ex.status.startswith("time limit") or ex.gap == 0.0)
     greedy = extract(result.snapshot, result.cost_model, "greedy")
     assert ex.cost <= greedy.cost * (1 + 1e-9)
     assert ex.lower_bound is None or ex.lower_bound <= ex.cost * (1 + 1e-6)

@@ -4,7 +4,7 @@ of kernels, wrapped as a :class:`egraft.lowering.runtime.CompiledModel`.
 Each node becomes one step:
 
 - a **kernel**: the op has a generator (:mod:`egraft.kernels.cpu`), emitted into its own
-  function ``void k<n>_<op>(i8** table, i64* dims)``;
+  function, called through the step's stub ``void k<n>_<op>(i8** table, i64* dims, ...)``;
 - a **view**: Reshape, Squeeze, Unsqueeze, Flatten, Identity and Dropout (inference) of
   a contiguous tensor move no data, the output shares its input's storage;
 - a **fallback**: the op's reference kernel (numpy) runs on the arena's buffers; the
@@ -12,9 +12,10 @@ Each node becomes one step:
 - a **control** step: an If, Loop or Scan whose bodies are compiled sub-programs
   (:mod:`egraft.lowering.control`).
 
-All kernels are linked into one module, optimized at -O3 for the host CPU and compiled
-once; the object code is cached on disk by the module's content (see
-:mod:`egraft.kernels.cpu.llvm`).
+Each kernel is a module of its own, named after its content, so equal kernels compile once
+and a kernel compiled for another model is found in the disk cache (:mod:`egraft.lowering.kernels`);
+the kernels still to compile are optimized at -O3 for the host CPU in parallel processes
+and linked in one engine with the steps' call stubs (:mod:`egraft.kernels.cpu.llvm`).
 
 Example:
     >>> compiled = compile_graph(egraft.load("model.onnx"))     # doctest: +SKIP
@@ -38,6 +39,7 @@ from egraft.kernels.cpu import find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
 from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
+from egraft.lowering.kernels import KernelSet
 from egraft.lowering.memory import BufferSpec
 
 #: Ops whose output is its input's storage, reshaped.
@@ -82,7 +84,8 @@ class Lowered:
     buffers: list[BufferSpec]
     dynamic: set[str]  # values whose size is known only when their producer runs (data-dependent dims)
     symbols: list[str]
-    module_text: str
+    #: the distinct kernels (one LLVM module each) and each kernel step's call of its kernel
+    kernels: KernelSet
     seconds: dict[str, float] = field(default_factory=dict)
     #: constants the kernels computed at compile time (packed weights), by table slot name
     derived: dict = field(default_factory=dict)
@@ -103,6 +106,11 @@ class Lowered:
     #: condition replaced by their branch): what ``CompiledModel.graph`` shows; ``graph`` is
     #: what the steps run
     source_nodes: list | None = None
+
+    @property
+    def module_text(self) -> str:
+        """The LLVM IR of the call stubs and every distinct kernel, one module after the other."""
+        return self.kernels.text
 
 
 def _is_view(graph: Graph, node: Node) -> bool:
@@ -181,8 +189,7 @@ def lower(graph: Graph) -> Lowered:
     symbols = sorted({s for v in values if v.type.shape is not None for s in dim_symbols(v.type.shape)})
     dim_index = {s: k for k, s in enumerate(symbols)}
 
-    module = ir.Module(name=graph.name or "model")
-    module.triple = host_cpu()[0]
+    kernels = KernelSet()
     steps: list[Step] = []
     derived: dict = {}
     packed_from: dict = {}
@@ -224,7 +231,8 @@ def lower(graph: Graph) -> Lowered:
             if in_place(node.op, node.domain):
                 _reuse_a_dying_input(index, node, storage, slots, sharing, output_names, input_symbols)
             name = f"k{index}_{node.op}"
-            scratch = ir.Module(name=name)
+            scratch = ir.Module(name="kernel")
+            scratch.triple = host_cpu()[0]
             opset = node_opset(graph, node)
             own: dict = {}
             ctx = KernelContext(scratch, name, node, graph, resolve_op(node, opset), opset, slots, dim_index, own)
@@ -242,7 +250,9 @@ def lower(graph: Graph) -> Lowered:
                     continue
                 if sized:  # the runtime's inference reads every input, constants included
                     runtime_constants.update(v.name for v in node.inputs if v is not None and v.const is not None)
-                _merge(module, scratch)
+                symbol = kernels.add(str(scratch))
+                kernels.call(name, symbol, tuple(slots[v] for v in ctx.operands),
+                             tuple(dim_index[s] for s in ctx.dim_operands))
                 derived.update(own)
                 packed_from.update(ctx.packed_from)
                 runtime_constants.update(v.name for v in node.inputs
@@ -260,7 +270,7 @@ def lower(graph: Graph) -> Lowered:
             outs = ", ".join(f"%{v.name}" for v in step.node.outputs if v is not None)
             trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
-    return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, str(module),
+    return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, kernels,
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
                    bodies=bodies, source_nodes=None if graph is source else list(source.nodes))
 
@@ -377,15 +387,6 @@ def _reuse_a_dying_input(index: int, node: Node, storage: dict[str, str], slots:
         return
 
 
-def _merge(module: ir.Module, scratch: ir.Module) -> None:
-    """Move the functions of ``scratch`` into ``module`` (declarations shared by name)."""
-    for name, glob in scratch.globals.items():
-        if name in module.globals:
-            continue
-        glob.parent = module
-        module.add_global(glob)
-
-
 def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
              input_symbols: set[str]) -> tuple[list[BufferSpec], set[str]]:
     """Arena buffers: intermediate values (not inputs, constants, outputs or views), with
@@ -420,14 +421,17 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
 
 def compile_lowered(lowered: Lowered, use_cache: bool = True):
     """Compile the lowered module and wrap it as a runnable model."""
-    from egraft.kernels.cpu.sgemm import SGEMM, library
+    from egraft.kernels.cpu.llvm import compile_objects
+    from egraft.kernels.cpu.sgemm import SGEMM, library, library_loaded, library_module
     from egraft.lowering.runtime import CompiledModel
 
     start = time.perf_counter()
-    if SGEMM in lowered.module_text:
-        library()  # the kernels call egraft_sgemm: compile (or load) it and register its symbol first
-    jit = JitModule(lowered.module_text, use_cache=use_cache) if any(s.kind == "kernel" for s in lowered.steps) \
-        else None
+    modules = [lowered.kernels.stubs_text(), *lowered.kernels.modules.values()]
+    if any(SGEMM in text for text in modules[1:]):  # the kernels call egraft_sgemm: load it first
+        if use_cache and not library_loaded():  # compile it beside the kernels, into the disk cache
+            compile_objects([library_module(), *modules])
+        library()
+    jit = JitModule(modules, use_cache=use_cache) if lowered.kernels.calls else None
     bodies = {index: {attr: compile_lowered(sub, use_cache) for attr, sub in subs.items()}
               for index, subs in lowered.bodies.items()}
     lowered.seconds["llvm"] = time.perf_counter() - start

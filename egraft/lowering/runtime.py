@@ -247,7 +247,6 @@ class CompiledModel:
             lowered.graph.name, lowered.graph.inputs, lowered.graph.outputs, lowered.source_nodes,
             lowered.graph.constants, lowered.graph.opsets, lowered.graph.known_values, lowered.graph.doc)
         #: The LLVM IR of the kernels, as compiled.
-        self.module_text = lowered.module_text
         self.input_names = [v.name for v in self.graph.inputs]
         self.output_names = [v.name for v in self.graph.outputs]
         # The constants the steps read at run time: a weight that its kernel packed at compile
@@ -386,6 +385,11 @@ class CompiledModel:
             with self._plans_lock:
                 self._plans[key] = plan
         return plan
+
+    @property
+    def module_text(self) -> str:
+        """The LLVM IR of the model's kernels and their call stubs, linked into one module."""
+        return self._lowered.module_text
 
     def report(self, bindings: Mapping[str, int] | None = None) -> CompileReport:
         """Kernels, views, fallbacks, memory (at ``bindings``, default 1 per symbol) and times."""

@@ -218,7 +218,7 @@ def constant_table(ctx: KernelContext, name: str, values: Sequence, element: ir.
     Example: ``constant_table(ctx, "kh_lo", [1, 0, 0])`` and ``b.load(b.gep(table, [oh]))``.
     """
     array_type = ir.ArrayType(element, len(values))
-    table = ir.GlobalVariable(ctx.module, array_type, name=f"{ctx.name}.{name}")
+    table = ir.GlobalVariable(ctx.module, array_type, name=f"{ctx.function.name}.{name}")
     table.global_constant = True
     table.linkage = "internal"
     if is_float(element):

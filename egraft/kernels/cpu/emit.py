@@ -5,10 +5,13 @@ The kernel ABI is one signature for every kernel::
 
     void kernel(i8** table, i64* dims, i64 part, i64 parts, i8* scratch)
 
-``table`` holds the address of every buffer of the compiled model (inputs, constants,
-intermediates, outputs), ``dims`` the value of every symbolic dim; a kernel knows at
-compile time which table entries are its operands and which dims entries its shapes
-read, so a call passes two pointers, whatever the op. A kernel that declares itself
+``table`` holds the addresses of the kernel's operands and ``dims`` the values of the
+symbolic dims its shapes read, each numbered in the order the generator first asks for
+them (:attr:`KernelContext.operands`, :attr:`KernelContext.dim_operands`), so a call
+passes two pointers, whatever the op. The kernel's code names no model slot, dim or
+step: two nodes of the same op, attributes and types emit the same text, compiled once
+(:mod:`egraft.lowering.kernels` links each step to its kernel through a small call stub
+that gathers the step's operands from the model's table). A kernel that declares itself
 parallel (``ctx.parallel = True``) computes share ``part`` of ``parts`` of its output, so
 the runtime can run its parts on several threads at once; every other kernel is called
 with ``part = 0, parts = 1``. ``scratch`` is :data:`egraft.kernels.cpu.sgemm.SCRATCH_BYTES`
@@ -52,6 +55,9 @@ F32 = ir.FloatType()
 F64 = ir.DoubleType()
 I8P = I8.as_pointer()
 KERNEL_TYPE = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer(), I64, I64, I8P])
+#: The name every kernel function is emitted under (its module holds it alone); the
+#: lowering renames it after the kernel's content (:func:`egraft.lowering.kernels.kernel_symbol`).
+KERNEL_SYMBOL = "egraft.kernel"
 
 #: The LLVM type of each dtype a kernel can compute in.
 LLVM_TYPES: dict[DType, ir.Type] = {
@@ -181,7 +187,7 @@ class KernelContext(NodeAttrs):
         self._slots = slots
         self._dim_index = dim_index
         self._defaults = opdef.attr_defaults(opset)
-        self.function = ir.Function(module, KERNEL_TYPE, name)
+        self.function = ir.Function(module, KERNEL_TYPE, KERNEL_SYMBOL)
         self.table, self.dims, self.part, self.parts, self.scratch = self.function.args
         for arg, arg_name in zip(self.function.args, ("table", "dims", "part", "parts", "scratch")):
             arg.name = arg_name
@@ -199,6 +205,10 @@ class KernelContext(NodeAttrs):
         #: loads: what the kernel reads or writes at run time. A constant input that is
         #: not here (its weights were packed into a derived constant) is dead at run time.
         self.table_names: set[str] = set()
+        #: The table slot names of the kernel's operands, in the order of its ``table`` argument.
+        self.operands: list[str] = []
+        #: The symbols of the dims the kernel reads, in the order of its ``dims`` argument.
+        self.dim_operands: list[str] = []
         #: How each packed derived constant (by table slot name) was made from a constant
         #: input (:meth:`packed_constant`); derived constants not here (offset tables) are
         #: made from the shapes alone.
@@ -226,11 +236,15 @@ class KernelContext(NodeAttrs):
 
     # ---- operands -----------------------------------------------------------------------------
     def _pointer(self, value_name: str, element: ir.Type) -> ir.Value:
-        slot = self._slots[value_name]
-        self.table_names.add(value_name)
+        if value_name not in self._slots:
+            raise KeyError(value_name)
+        if value_name not in self.table_names:
+            self.table_names.add(value_name)
+            self.operands.append(value_name)
+        index = self.operands.index(value_name)
         with self._at_entry():
-            raw = self._entry_builder.load(self._entry_builder.gep(self.table, [ir.Constant(I64, slot)]))
-            return self._entry_builder.bitcast(raw, element.as_pointer(), name=f"p{slot}")
+            raw = self._entry_builder.load(self._entry_builder.gep(self.table, [ir.Constant(I64, index)]))
+            return self._entry_builder.bitcast(raw, element.as_pointer(), name=f"p{index}")
 
     def in_ptr(self, i: int) -> ir.Value:
         """Input ``i``'s buffer, typed as a pointer to its element type."""
@@ -293,7 +307,10 @@ class KernelContext(NodeAttrs):
         if e.is_Symbol:
             if e.name not in self._dim_index:
                 raise Unsupported(f"dim {e.name} is not known when the kernel runs")
-            return b.load(b.gep(self.dims, [ir.Constant(I64, self._dim_index[e.name])]), name=e.name)
+            if e.name not in self.dim_operands:
+                self.dim_operands.append(e.name)
+            index = self.dim_operands.index(e.name)
+            return b.load(b.gep(self.dims, [ir.Constant(I64, index)]), name=f"d{index}")
         if isinstance(e, sympy.floor | sympy.ceiling):
             num, den = integer_fraction(e.args[0])
             if den is None:

@@ -1,20 +1,24 @@
-"""llvmlite set-up: the host target machine, the -O3 pipeline and JIT compilation of a
-module, with the compiled object code cached on disk.
+"""llvmlite set-up: the host target machine, the -O3 pipeline, and modules compiled to
+object code (cached on disk, compiled in parallel processes) then linked in one JIT engine.
 
-The cache (:func:`cache_dir`) keeps each entry as its files (``KEY.o`` here,
-``KEY.pkl``/``KEY.bin`` for :mod:`egraft.compiler`) and ``KEY.json``, their SHA-256
-checksums, written last: an entry whose files do not match is damaged, removed with a
-warning and rebuilt (LLVM would abort on damaged object code). The cache holds at most
-``$EGRAFT_CACHE_MAX`` bytes (default 4 GiB): writing an entry evicts the least recently
-used ones (:func:`evict`).
+Each module compiles to one object (:func:`object_code`); the cache (:func:`cache_dir`)
+keeps it as ``KEY.o`` (``KEY.pkl``/``KEY.bin`` for :mod:`egraft.compiler`'s compiled
+models), keyed by the module's text, the host CPU and llvmlite's version
+(:func:`object_key`), so a kernel compiled for one model is found by the next. Modules
+not in the cache are shared out between this process and helper processes
+(:func:`compile_objects`). ``KEY.json`` holds the entry's SHA-256 checksums, written
+last: an entry whose files do not match is damaged, removed with a warning and rebuilt
+(LLVM would abort on damaged object code). The cache holds at most ``$EGRAFT_CACHE_MAX``
+bytes (default 4 GiB): writing an entry evicts the least recently used ones (:func:`evict`).
 
-One :class:`JitModule` owns one MCJIT engine; its functions stay callable as long as the
-object lives. Compilation optimizes for the host CPU's real features (AVX-512 where
-present, AVX2 elsewhere) with loop and SLP vectorization on.
+One :class:`JitModule` owns one MCJIT engine holding its objects, which may call each
+other; its functions stay callable as long as the object lives. Compilation optimizes
+for the host CPU's real features (AVX-512 where present, AVX2 elsewhere) with loop and
+SLP vectorization on.
 
 Example:
-    >>> mod = jit_compile(module_text)                       # doctest: +SKIP
-    >>> address = mod.address("relu_0")                      # doctest: +SKIP
+    >>> mod = JitModule([stubs_text, *kernel_texts])         # doctest: +SKIP
+    >>> address = mod.address("k0_Relu")                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -22,17 +26,19 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
 
-_LOCK = threading.Lock()
+LOCK = threading.Lock()
 
 
 @cache
-def _initialized() -> bool:
+def initialized() -> bool:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     return True
@@ -41,7 +47,7 @@ def _initialized() -> bool:
 @cache
 def host_cpu() -> tuple[str, str, str]:
     """(triple, cpu name, feature string) of this machine, as LLVM sees it."""
-    _initialized()
+    initialized()
     return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
@@ -211,80 +217,217 @@ def object_key(module_text: str) -> str:
     return h.hexdigest()
 
 
+#: ``$EGRAFT_COMPILE_JOBS``: how many processes compile a model's kernels (default: every
+#: core this process may use; 1 compiles in this process only).
+_JOBS_VARIABLE = "EGRAFT_COMPILE_JOBS"
+#: Helper processes are started only for at least this much IR still to compile (a helper
+#: starts in about 80 ms; one kernel of that size compiles in about as long).
+PARALLEL_MIN_CHARS = 200_000
+
+
+def compile_jobs() -> int:
+    """The processes :func:`compile_objects` may use: ``$EGRAFT_COMPILE_JOBS``, else the cores."""
+    value = os.environ.get(_JOBS_VARIABLE, "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _pipeline_tuning():
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pto.loop_interleaving = True
+    return pto
+
+
+def object_code(module_text: str) -> bytes:
+    """``module_text`` parsed, verified, optimized at -O3 for the host CPU and compiled to
+    object code (in a context of its own, freed after)."""
+    initialized()
+    with LOCK:
+        context = llvm.create_context()
+        module = llvm.parse_assembly(module_text, context=context)
+        module.verify()
+        machine = _target_machine()
+        builder = llvm.create_pass_builder(machine, _pipeline_tuning())
+        builder.getModulePassManager().run(module, builder)
+        return machine.emit_object(module)
+
+
+def _store_object(path: Path, data: bytes) -> None:
+    """Write one object into the cache (atomically, metadata last); a read-only cache only
+    costs the next compile its time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        meta = path.with_suffix(".json")
+        write_meta(meta, {"object": path})
+        evict(keep=meta)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class DeferredModule:
+    """A module whose text is costly to build (the GEMM library: half a second of Python):
+    ``key`` names everything the text depends on (the generator's source and parameters),
+    ``build`` makes the text, only when the disk cache has no object for the key."""
+
+    key: str
+    build: Callable[[], str]
+
+
+@cache
+def source_digest() -> str:
+    """SHA-256 of egraft's own Python sources (what a generated module's text depends on)."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[2]
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def compile_objects(modules: Sequence[str | DeferredModule], use_cache: bool = True) -> tuple[list[bytes], int]:
+    """The object code of each module and how many came from the disk cache (keyed by
+    :func:`object_key`: a module compiled for any model before is not compiled again).
+
+    The modules to compile are shared out, largest first, between this process and up to
+    :func:`compile_jobs` - 1 helper processes (:mod:`egraft.kernels.cpu.object_worker`;
+    llvmlite serializes every call into LLVM, so threads would not run in parallel); each
+    takes the next module as soon as it is done with one.
+    """
+    objects: list[bytes | None] = [None] * len(modules)
+    keys = [object_key(m) if isinstance(m, str) else object_key(m.key) for m in modules]
+    paths = [cache_dir() / "objects" / f"{key}.o" for key in keys]
+    if use_cache:
+        for i, path in enumerate(paths):
+            objects[i] = _verified_object(path)
+    hits = sum(o is not None for o in objects)
+    module_texts = [m if isinstance(m, str) or objects[i] is not None else m.build() for i, m in enumerate(modules)]
+    first: dict[str, int] = {}  # equal modules compile once
+    for i, key in enumerate(keys):
+        if objects[i] is None:
+            first.setdefault(key, i)
+    pending = sorted(first.values(), key=lambda i: -len(module_texts[i]))
+    if pending:
+        helpers = min(compile_jobs(), len(pending)) - 1
+        if sum(len(module_texts[i]) for i in pending) < PARALLEL_MIN_CHARS:
+            helpers = 0
+        done = _compile_shared(module_texts, pending, helpers)
+        for i in pending:
+            if use_cache:
+                _store_object(paths[i], done[i])
+        for i, key in enumerate(keys):
+            if objects[i] is None:
+                objects[i] = done[first[key]]
+    return objects, hits  # type: ignore[return-value]
+
+
+def _compile_shared(module_texts: Sequence[str], pending: list[int], helpers: int) -> dict[int, bytes]:
+    """Compile ``pending`` (indices into ``module_texts``) here and in ``helpers`` processes."""
+    import queue
+    import subprocess
+    import sys
+
+    jobs: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in pending:
+        jobs.put(i)
+    done: dict[int, bytes] = {}
+
+    def next_job() -> int | None:
+        try:
+            return jobs.get_nowait()
+        except queue.Empty:
+            return None
+
+    def helper() -> None:
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "egraft.kernels.cpu.object_worker"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        except OSError:
+            return  # no helper: this process compiles everything
+        from egraft.kernels.cpu.object_worker import receive, send
+
+        try:
+            while (i := next_job()) is not None:
+                send(process.stdin, module_texts[i].encode())
+                reply = receive(process.stdout)
+                if reply is None:  # the helper failed: compile it here (and raise its error here)
+                    jobs.put(i)
+                    break
+                done[i] = reply
+        finally:
+            process.stdin.close()
+            process.wait()
+
+    threads = [threading.Thread(target=helper, daemon=True) for _ in range(helpers)]
+    for t in threads:
+        t.start()
+    while (i := next_job()) is not None:
+        done[i] = object_code(module_texts[i])
+    for t in threads:
+        t.join()
+    while (i := next_job()) is not None:  # a helper gave back what it could not compile
+        done[i] = object_code(module_texts[i])
+    return done
+
+
+def _verified_object(path: Path) -> bytes | None:
+    """The cached object code at ``path`` when its checksum (in ``KEY.json``) matches; a
+    damaged one (LLVM would abort on it) is removed with a warning and rebuilt."""
+    meta = path.with_suffix(".json")
+    document, problem = verify_meta(meta)
+    if problem:
+        damaged(meta, problem)
+    if document is None:
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != document["files"]["object"]["sha256"]:
+        damaged(meta, f"{path.name} changed while it was read")
+        return None
+    return data
+
+
 class JitModule:
-    """A compiled module: function addresses by name; keep it alive while they are called.
+    """Compiled modules linked in one engine: function addresses by name; keep it alive
+    while they are called. The modules may call each other's functions.
 
     Attributes:
-        cached: True when the object code came from the disk cache (no LLVM passes ran).
-        seconds: time spent parsing, optimizing and generating code.
+        cached: True when every object came from the disk cache (no LLVM passes ran).
+        compiled: how many modules were compiled (not found in the cache).
+        seconds: time spent compiling (or loading) and linking.
     """
 
-    def __init__(self, module_text: str, use_cache: bool = True):
+    def __init__(self, modules: str | DeferredModule | Sequence[str | DeferredModule], use_cache: bool = True):
         import time
 
-        _initialized()
+        initialized()
         start = time.perf_counter()
-        self.key = object_key(module_text)
-        path = cache_dir() / "objects" / f"{self.key}.o"
-        self._object = self._verified_object(path) if use_cache else None
-        self.cached = self._object is not None
-        with _LOCK:
-            module = llvm.parse_assembly(module_text)
-            module.verify()
+        texts = [modules] if isinstance(modules, str | DeferredModule) else list(modules)
+        objects, hits = compile_objects(texts, use_cache)
+        self.cached = hits == len(texts)
+        self.compiled = len(texts) - hits
+        with LOCK:
             self._tm = _target_machine()
-            if not self.cached:
-                pto = llvm.create_pipeline_tuning_options(speed_level=3)
-                pto.loop_vectorization = True
-                pto.slp_vectorization = True
-                pto.loop_unrolling = True
-                pto.loop_interleaving = True
-                builder = llvm.create_pass_builder(self._tm, pto)
-                builder.getModulePassManager().run(module, builder)
-            self._engine = llvm.create_mcjit_compiler(module, self._tm)
-            if use_cache:
-                self._engine.set_object_cache(self._store(path), self._load())
+            empty = llvm.parse_assembly(f'target triple = "{host_cpu()[0]}"')
+            self._engine = llvm.create_mcjit_compiler(empty, self._tm)
+            self._objects = [llvm.ObjectFileRef.from_data(data) for data in objects]
+            for obj in self._objects:
+                self._engine.add_object_file(obj)
             self._engine.finalize_object()
         self.seconds = time.perf_counter() - start
 
-    @staticmethod
-    def _verified_object(path: Path) -> bytes | None:
-        """The cached object code at ``path`` when its checksum (in ``KEY.json``) matches;
-        a damaged one (LLVM would abort on it) is removed with a warning and rebuilt."""
-        meta = path.with_suffix(".json")
-        document, problem = verify_meta(meta)
-        if problem:
-            damaged(meta, problem)
-        if document is None:
-            return None
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return None
-        if hashlib.sha256(data).hexdigest() != document["files"]["object"]["sha256"]:
-            damaged(meta, f"{path.name} changed while it was read")
-            return None
-        return data
-
-    @staticmethod
-    def _store(path: Path):
-        def notify(module, buffer: bytes) -> None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_bytes(buffer)
-                tmp.replace(path)  # atomic: a reader never sees half a file
-                meta = path.with_suffix(".json")
-                write_meta(meta, {"object": path})
-                evict(keep=meta)
-            except OSError:
-                pass  # a read-only cache only costs the next compile its time
-        return notify
-
-    def _load(self):
-        def getbuffer(module) -> bytes | None:
-            return self._object  # verified before LLVM sees it, or None: compile it
-        return getbuffer
-
     def address(self, name: str) -> int:
-        """The address of function ``name`` (0 when the module has none)."""
+        """The address of function ``name`` (0 when no module has it)."""
         return self._engine.get_function_address(name)

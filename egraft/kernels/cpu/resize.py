@@ -91,7 +91,7 @@ def _global_array(ctx: KernelContext, name: str, element: ir.Type, values) -> ir
     """A constant array in the module; a pointer to its first element."""
     values = list(values)
     array_type = ir.ArrayType(element, max(len(values), 1))
-    g = ir.GlobalVariable(ctx.module, array_type, name=f"{ctx.name}.{name}")
+    g = ir.GlobalVariable(ctx.module, array_type, name=f"{ctx.function.name}.{name}")
     g.global_constant = True
     g.linkage = "internal"
     g.initializer = ir.Constant(array_type, values or [ir.Constant(element, 0)])

@@ -51,7 +51,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.kernels.cpu.emit import MathEmitter, masked_load, register_packing, splat
-from egraft.kernels.cpu.llvm import JitModule, host_cpu, host_vector_bits
+from egraft.kernels.cpu.llvm import DeferredModule, JitModule, host_cpu, host_vector_bits, source_digest
 
 F32 = ir.FloatType()
 I32 = ir.IntType(32)
@@ -695,13 +695,27 @@ _LIBRARY_LOCK = threading.Lock()
 
 
 @cache
+def library_module() -> DeferredModule:
+    """The library's module, its text built only when the disk cache has no object for it:
+    keyed by the blocking and egraft's sources (what its text depends on)."""
+    parameters = blocking()
+    return DeferredModule(f"egraft_sgemm library {parameters} {source_digest()}", lambda: _library_module(parameters))
+
+
+def library_loaded() -> bool:
+    """Whether this process has loaded the library already."""
+    return library.cache_info().currsize > 0
+
+
+@cache
 def library() -> JitModule:
-    """The compiled library (once per process; its object code is cached on disk), with
+    """The compiled library (once per process; its object code is cached on disk, keyed by
+    the blocking and egraft's sources, so a cached library is loaded without building its IR), with
     ``egraft_sgemm`` registered as a symbol that kernel modules link against."""
     import llvmlite.binding as llvm
 
     with _LIBRARY_LOCK:
-        jit = JitModule(_library_module(blocking()))
+        jit = JitModule(library_module())
         llvm.add_symbol(SGEMM, jit.address(SGEMM))
     return jit
 
@@ -788,4 +802,4 @@ def emit_call(ctx, fields: dict, epilogue: Epilogue = Epilogue(), parallel: bool
 
 __all__ = ["Epilogue", "emit_call", "FIELDS", "FIELD", "ACTIVATION_CODES", "BIAS_NONE", "BIAS_PER_ROW",
            "BIAS_PER_COLUMN", "SGEMM", "Blocking", "blocking", "SCRATCH_BYTES", "KERNEL_SCRATCH_BYTES",
-           "pack_a_constant", "library", "declare"]
+           "pack_a_constant", "library", "library_module", "library_loaded", "declare"]
