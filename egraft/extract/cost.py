@@ -53,7 +53,7 @@ class CostModel:
 
     def work(self, snapshot: Snapshot, c: int, node: ENode) -> Work:
         """The work of ``node`` (in e-class ``c``) at the shapes of its e-classes."""
-        inputs = [None if _absent(snapshot, ch) else snapshot.type_of(ch) for ch in node.children]
+        inputs = [None if snapshot.is_absent(ch) else snapshot.type_of(ch) for ch in node.children]
         own = snapshot.type_of(c)
         outputs = list(own) if isinstance(own, tuple) else [own]
         return op_work(node.op, node.domain, snapshot.attrs(node), inputs, outputs, self.bindings,
@@ -85,15 +85,25 @@ class CostModel:
     def table(self, snapshot: Snapshot) -> dict[int, list[float]]:
         """The cost of every e-node: class -> costs in the order of ``snapshot.classes[c]``."""
         memo: dict[tuple, float] = {}
+        input_keys: dict[int, str] = {}  # e-class -> the text of its type as an input (printing dims is slow)
+
+        def input_key(ch: int) -> str:
+            k = input_keys.get(ch)
+            if k is None:
+                k = input_keys[ch] = _type_key(None if snapshot.is_absent(ch) else snapshot.type_of(ch))
+            return k
+
         out: dict[int, list[float]] = {}
         for c in sorted(snapshot.classes):
             costs = []
+            own_key = None
             for n in snapshot.classes[c]:
                 if n.op in FREE_OPS:
                     costs.append(0)
                     continue
-                key = (n.op, n.domain, n.attrs, _type_key(snapshot.type_of(c)),
-                       tuple(_type_key(None if _absent(snapshot, ch) else snapshot.type_of(ch)) for ch in n.children))
+                if own_key is None:
+                    own_key = _type_key(snapshot.type_of(c))
+                key = (n.op, n.domain, n.attrs, own_key, tuple(input_key(ch) for ch in n.children))
                 if key not in memo:
                     memo[key] = self.cost(snapshot, c, n)
                 costs.append(memo[key])
@@ -103,10 +113,6 @@ class CostModel:
 
 def _type_key(t) -> str:
     return "" if t is None else str(t)
-
-
-def _absent(snapshot: Snapshot, c: int) -> bool:
-    return any(n.op == ABSENT for n in snapshot.classes.get(c, ()))
 
 
 class NodeCount(CostModel):

@@ -335,11 +335,9 @@ class Snapshot:
         for c, enodes in classes.items():
             for n in enodes:
                 self.by_op[n.op].append((c, n))
-        self.const_class: dict[int, str] = {}
-        for c, enodes in classes.items():
-            for n in enodes:
-                if n.op == CONST:
-                    self.const_class[c] = n.attrs
+        self.const_class: dict[int, str] = {c: n.attrs for c, n in self.by_op.get(CONST, ())}
+        #: The e-classes of omitted optional inputs (matching and costing ask for every input).
+        self.absent: set[int] = {c for c, _ in self.by_op.get(ABSENT, ())}
         self.known: dict[int, np.ndarray] = {}
         for ref, value in state.known_values.items():
             if ref in ref_class:
@@ -361,6 +359,10 @@ class Snapshot:
 
     def is_tuple(self, c: int) -> bool:
         return isinstance(self.type_of(c), tuple)
+
+    def is_absent(self, c: int) -> bool:
+        """True when e-class ``c`` stands for an omitted optional input."""
+        return c in self.absent
 
 
 def value_name(ref: int) -> str:

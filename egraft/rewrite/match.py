@@ -73,7 +73,7 @@ class Matcher:
                 return
             bound = subst.get(pattern.name)
             if bound is None:
-                if self.snap.is_tuple(c) or any(n.op == ABSENT for n in self.snap.classes.get(c, ())):
+                if self.snap.is_tuple(c) or self.snap.is_absent(c):
                     return
                 out = dict(subst)
                 out[pattern.name] = EClassId(c)
@@ -105,7 +105,7 @@ class Matcher:
         if pattern.rest is None and len(children) > len(args):
             # Trailing omitted optional inputs may be present as Absent.
             extra = children[len(args):]
-            if not all(self._is_absent(c) for c in extra):
+            if not all(self.snap.is_absent(c) for c in extra):
                 return
             children = children[:len(args)]
         if len(children) < len(args):
@@ -144,15 +144,12 @@ class Matcher:
             yield subst
             return
         first, c = patterns[0], classes[0]
-        if c is None or self._is_absent(c):
+        if c is None or self.snap.is_absent(c):
             if isinstance(first, PVar) and first.name == "_":
                 yield from self._match_args(patterns[1:], classes[1:], subst)
             return
         for s in self.match_class(first, c, subst):
             yield from self._match_args(patterns[1:], classes[1:], s)
-
-    def _is_absent(self, c: int) -> bool:
-        return any(n.op == ABSENT for n in self.snap.classes.get(c, ()))
 
     # ---- rules --------------------------------------------------------------------------
     def candidates(self, pattern: POp) -> list[int]:
