@@ -171,6 +171,16 @@ def dims_equal(a: Dim, b: Dim) -> bool:
     """True when two dims are provably equal."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
+    if a == b:  # the same expression: its difference is 0 (rewriting compares the same dims over and over)
+        return True
+    return _symbolic_dims_equal(a, b)
+
+
+@lru_cache(maxsize=65536)
+def _symbolic_dims_equal(a: Dim, b: Dim) -> bool:
+    """:func:`dims_equal` of two different dims, one symbolic, memoized: the answer depends
+    on the two (immutable) expressions alone, and the same pairs recur on every layer when
+    rewrites infer broadcasts."""
     difference = sympy.sympify(a) - sympy.sympify(b)
     return sympy.expand(difference) == 0 or sympy.simplify(difference) == 0
 
