@@ -34,12 +34,23 @@ def greedy_choice(snapshot: Snapshot, table: CostTable, max_passes: int = 50) ->
     and per e-class and e-node index the DAG cost greedy saw (``(c, i) -> cost``)."""
     best: dict[int, tuple[tuple, int, dict[int, float]]] = {}
     seen: dict[tuple[int, int], float] = {}
+    # An e-node priced when its children's choices were what they are now would be priced
+    # the same again, and lose again: a class's best only ever improves. So each pass
+    # prices only the e-nodes with a child whose best improved since they were last priced
+    # (``tick`` counts improvements), and the passes choose exactly what pricing all would.
+    tick = 0
+    improved_at: dict[int, int] = {}  # e-class -> tick of its latest improvement
+    priced_at: dict[tuple[int, int], int] = {}  # (e-class, e-node index) -> tick when last priced
     for _ in range(max_passes):
         changed = False
         for c in sorted(snapshot.classes):
             for i, n in enumerate(snapshot.classes[c]):
+                last = priced_at.get((c, i))
+                if last is not None and all(improved_at[ch] <= last for ch in n.children):
+                    continue
                 if any(ch not in best for ch in n.children):
                     continue
+                priced_at[(c, i)] = tick
                 reached: dict[int, float] = {}
                 for ch in n.children:
                     reached.update(best[ch][2])
@@ -51,6 +62,8 @@ def greedy_choice(snapshot: Snapshot, table: CostTable, max_passes: int = 50) ->
                 key = (total, len(n.children), n.domain != "", n.op, n.attrs, n.children)
                 if c not in best or key < best[c][0]:
                     best[c] = (key, i, reached)
+                    tick += 1
+                    improved_at[c] = tick
                     changed = True
         if not changed:
             break
