@@ -339,6 +339,10 @@ class Snapshot:
         self.const_class: dict[int, str] = {c: n.attrs for c, n in self.by_op.get(CONST, ())}
         #: The e-classes of omitted optional inputs (matching and costing ask for every input).
         self.absent: set[int] = {c for c, _ in self.by_op.get(ABSENT, ())}
+        #: The e-classes of multi-output nodes (matching asks for every e-class it visits).
+        self.tuples: set[int] = {c for c, ref in self.class_ref.items() if isinstance(state.ref_types[ref], tuple)}
+        #: The e-classes holding an output projection ``Out`` (of a multi-output node).
+        self.projected: set[int] = {c for c, _ in self.by_op.get(OUT, ())}
         self.known: dict[int, np.ndarray] = {}
         for ref, value in state.known_values.items():
             if ref in ref_class:
@@ -359,7 +363,7 @@ class Snapshot:
         return None if key is None else self.state.constants[key]
 
     def is_tuple(self, c: int) -> bool:
-        return isinstance(self.type_of(c), tuple)
+        return c in self.tuples
 
     def is_absent(self, c: int) -> bool:
         """True when e-class ``c`` stands for an omitted optional input."""

@@ -63,6 +63,7 @@ class Matcher:
         self.snap = snapshot
         self.opset = opset
         self._parents: dict[int, set[int]] | None = None
+        self._candidates: dict[tuple[str | None, int], list[int]] = {}
 
     # ---- single patterns ----------------------------------------------------------------
     def match_class(self, pattern, c: int, subst: Subst) -> Iterator[Subst]:
@@ -90,6 +91,8 @@ class Matcher:
             for n in self.snap.classes.get(c, ()):
                 if n.op not in (OUT, ABSENT) and (pattern.op is None or n.op == pattern.op):
                     yield n, c
+        if c not in self.snap.projected:
+            return
         for n in self.snap.classes.get(c, ()):
             if n.op == OUT and self.snap.attrs(n).get("index") == pattern.output:
                 tup = n.children[0]
@@ -122,7 +125,7 @@ class Matcher:
         constrained = set()
         for ap in pattern.attrs:
             constrained.add(ap.name)
-            value = attrs.get(ap.name, _attr_default(node.op, node.domain, ap.name, self.opset))
+            value = attrs[ap.name] if ap.name in attrs else _attr_default(node.op, node.domain, ap.name, self.opset)
             if ap.var is not None:
                 if ap.var in base and not _same(base[ap.var], value):
                     return
@@ -136,7 +139,7 @@ class Matcher:
                 return  # the same capture twice: the attribute sets must be equal
             base[pattern.attrs_rest] = rest
         if pattern.rest is not None:
-            base[pattern.rest] = [EClassId(c) for c in padded[len(args):] if c is not None]
+            base[pattern.rest] = list(map(EClassId, padded[len(args):]))  # padding stops at len(args)
         yield from self._match_args(list(args), padded[:len(args)], base)
 
     def _match_args(self, patterns: list, classes: list, subst: Subst) -> Iterator[Subst]:
@@ -153,7 +156,15 @@ class Matcher:
 
     # ---- rules --------------------------------------------------------------------------
     def candidates(self, pattern: POp) -> list[int]:
-        """E-classes whose e-nodes could match a root pattern, deterministic order."""
+        """E-classes whose e-nodes could match a root pattern, deterministic order.
+        Memoized by the pattern's op and output: many rules share a root op (every rule of
+        this snapshot asks), and the list depends on nothing else."""
+        key = (pattern.op, pattern.output)
+        if key not in self._candidates:
+            self._candidates[key] = self._find_candidates(pattern)
+        return self._candidates[key]
+
+    def _find_candidates(self, pattern: POp) -> list[int]:
         if pattern.op is None:
             return sorted(self.snap.classes)
         found = {c for c, _ in self.snap.by_op.get(pattern.op, ())}
@@ -190,26 +201,45 @@ class Matcher:
 
     def match_rule(self, rule: Rule, limit: int | None = None) -> list[Subst]:
         """All substitutions for the rule's roots (at most ``limit``)."""
-        results: list[Subst] = []
-        root_candidates = [self.candidates(root) for root in rule.roots]
+        search = _Search(rule, limit, [self.candidates(root) for root in rule.roots])
+        self._extend(search, 0, {})
+        return search.results
 
-        def extend(i: int, subst: Subst) -> bool:
-            if i == len(rule.roots):
-                results.append(subst)
-                return limit is not None and len(results) >= limit
-            root = rule.roots[i]
-            candidates = root_candidates[i] if i == 0 else self._join_candidates(root, root_candidates[i], subst)
-            for c in candidates:
-                if any(subst.get(ROOT.format(j)) == c for j in range(i)):
-                    continue  # two roots of one match are different nodes
-                if len(rule.roots) == 1 and c in self.snap.const_class:
-                    continue  # a constant e-class costs nothing: no rewrite can improve it
-                for s in self.match_class(root, c, subst):
-                    s = dict(s)
-                    s[ROOT.format(i)] = EClassId(c)
-                    if extend(i + 1, s):
-                        return True
-            return False
+    def _extend(self, search: _Search, i: int, subst: Subst) -> bool:
+        """Add the matches of roots ``i``... that extend ``subst``; True once the limit is reached.
+        (A method, not a recursive closure: a closure that calls itself is a reference cycle,
+        which kept every match of every rule alive until the cycle collector ran.)"""
+        names = search.names
+        if i == len(names):
+            search.results.append(subst)
+            return search.limit is not None and len(search.results) >= search.limit
+        root = search.rule.roots[i]
+        candidates = search.candidates[i]
+        if i > 0:
+            candidates = self._join_candidates(root, candidates, subst)
+        earlier = [subst[names[j]] for j in range(i)]
+        const_class = self.snap.const_class
+        for c in candidates:
+            if c in earlier:
+                continue  # two roots of one match are different nodes
+            if search.single_root and c in const_class:
+                continue  # a constant e-class costs nothing: no rewrite can improve it
+            for s in self.match_class(root, c, subst):
+                s = dict(s)
+                s[names[i]] = EClassId(c)
+                if self._extend(search, i + 1, s):
+                    return True
+        return False
 
-        extend(0, {})
-        return results
+
+class _Search:
+    """The state of one :meth:`Matcher.match_rule` call: the rule, the limit, each root's
+    candidate e-classes and root names, and the matches found so far."""
+
+    def __init__(self, rule: Rule, limit: int | None, candidates: list[list[int]]):
+        self.rule = rule
+        self.limit = limit
+        self.candidates = candidates
+        self.names = [ROOT.format(i) for i in range(len(rule.roots))]
+        self.single_root = len(rule.roots) == 1
+        self.results: list[Subst] = []
