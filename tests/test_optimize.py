@@ -225,3 +225,34 @@ def test_greedy_extraction_pays_a_shared_subexpression_once():
     x = np.linspace(-1, 1, 4).astype(np.float32)
     np.testing.assert_allclose(graph.run({"x": x})["y"], 2 * np.exp(-x), rtol=1e-6)
 
+
+
+def test_saturation_and_extraction_make_no_reference_cycles():
+    # optimize() pauses the cycle collector for the stage (cycle_collector_paused): sound
+    # only while everything the stage drops is freed by reference counting. A self-calling
+    # closure (a recursive matcher) made thousands of cycles per round.
+    import gc
+
+    from egraft.extract.cost import cost_model
+    from egraft.extract.extractor import extract
+    from egraft.extract.program import rebuild
+    from egraft.optimize import cycle_collector_paused, select_rules
+    from egraft.rewrite.egraph import EGraphState
+    from egraft.rewrite.engine import saturate
+    from egraft.rewrite.load import load_rules
+    from egraft.testing.encoder import encoder_model
+
+    def run(state: EGraphState) -> int:
+        gc.collect()
+        with cycle_collector_paused():
+            saturate(state, rules)
+            snapshot = state.snapshot()
+            rebuild(snapshot, extract(snapshot, cost_model("roofline"), "greedy").choice)
+            found = gc.collect()
+        state.release()
+        return found
+
+    rules, _ = select_rules(load_rules([]))
+    graph = egraft.load(encoder_model())
+    run(EGraphState.from_graph(graph))  # first-time imports and class definitions make cycles
+    assert run(EGraphState.from_graph(graph)) == 0

@@ -76,21 +76,23 @@ def _string(text: str) -> str:
 
 def attrs_key(attrs: dict[str, Any]) -> str:
     """A deterministic text key for an attribute dict (arrays by content hash)."""
-    from egraft.ir.graph import Graph as G
+    return json.dumps({k: _encode_attr(attrs[k]) for k in sorted(attrs)}, sort_keys=True)
+
+
+def _encode_attr(v):
+    """An attribute value as JSON data for :func:`attrs_key` (a module function, not a
+    closure that calls itself: that would be a reference cycle per key)."""
     from egraft.ir.graph import content_hash
 
-    def enc(v):
-        if isinstance(v, np.ndarray):
-            return {"tensor": content_hash(v)}
-        if isinstance(v, G):
-            return {"graph": id(v)}
-        if isinstance(v, list | tuple):
-            return [enc(x) for x in v]
-        if isinstance(v, float | np.floating):
-            return {"f": repr(float(v))}
-        return v
-
-    return json.dumps({k: enc(attrs[k]) for k in sorted(attrs)}, sort_keys=True)
+    if isinstance(v, np.ndarray):
+        return {"tensor": content_hash(v)}
+    if isinstance(v, Graph):
+        return {"graph": id(v)}
+    if isinstance(v, list | tuple):
+        return [_encode_attr(x) for x in v]
+    if isinstance(v, float | np.floating):
+        return {"f": repr(float(v))}
+    return v
 
 
 @lru_cache(maxsize=1 << 16)

@@ -54,23 +54,26 @@ def parse_expr(text: str):
     except SyntaxError as e:
         raise ExprError(f"expr {text!r} is not a call expression: {e.msg}") from None
 
-    def walk(node):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-            name = node.func.id
-            if name not in FUNCTIONS:
-                raise ExprError(f"expr {text!r}: unknown function {name!r}; known: {sorted(FUNCTIONS)}")
-            if len(node.args) != FUNCTIONS[name][1]:
-                raise ExprError(f"expr {text!r}: {name} takes {FUNCTIONS[name][1]} arguments")
-            return ("call", name, tuple(walk(a) for a in node.args))
-        if isinstance(node, ast.Name) and node.id.startswith("x") and node.id[1:].isdigit():
-            return ("input", int(node.id[1:]))
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-            return ("number", float(node.value))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-            return ("number", -float(node.operand.value))
-        raise ExprError(f"expr {text!r}: unexpected {ast.unparse(node)!r}")
+    return _walk(tree, text)
 
-    return walk(tree)
+
+def _walk(node, text: str):
+    """The tuple form of a parsed body (:func:`parse_expr`; a module function, not a closure
+    that calls itself, which would be a reference cycle per parse)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        name = node.func.id
+        if name not in FUNCTIONS:
+            raise ExprError(f"expr {text!r}: unknown function {name!r}; known: {sorted(FUNCTIONS)}")
+        if len(node.args) != FUNCTIONS[name][1]:
+            raise ExprError(f"expr {text!r}: {name} takes {FUNCTIONS[name][1]} arguments")
+        return ("call", name, tuple(_walk(a, text) for a in node.args))
+    if isinstance(node, ast.Name) and node.id.startswith("x") and node.id[1:].isdigit():
+        return ("input", int(node.id[1:]))
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        return ("number", float(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return ("number", -float(node.operand.value))
+    raise ExprError(f"expr {text!r}: unexpected {ast.unparse(node)!r}")
 
 
 def max_input(tree) -> int:
@@ -84,19 +87,23 @@ def max_input(tree) -> int:
 
 def evaluate_expr(text: str, inputs: list[np.ndarray]) -> np.ndarray:
     """The body evaluated on numpy arrays (in float32 for half precision inputs)."""
-    from scipy.special import erf
+    return np.asarray(_run(parse_expr(text), inputs))
 
-    def run(tree):
-        kind = tree[0]
-        if kind == "input":
-            return inputs[tree[1]]
-        if kind == "number":
-            return tree[1]
-        name, args = tree[1], [run(a) for a in tree[2]]
-        fn = erf if name == "erf" else FUNCTIONS[name][2]
-        return fn(*args)
 
-    return np.asarray(run(parse_expr(text)))
+def _run(tree, inputs: list[np.ndarray]):
+    """:func:`evaluate_expr` of a parsed body (a module function, not a closure that calls
+    itself: that reference cycle kept the inputs alive until the cycle collector ran)."""
+    kind = tree[0]
+    if kind == "input":
+        return inputs[tree[1]]
+    if kind == "number":
+        return tree[1]
+    args = [_run(a, inputs) for a in tree[2]]
+    if tree[1] == "erf":
+        from scipy.special import erf
+
+        return erf(*args)
+    return FUNCTIONS[tree[1]][2](*args)
 
 
 def _infer(ctx):
