@@ -255,6 +255,8 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
     for s in shapes:
         padded = (1,) * (rank - len(s)) + tuple(s)
         for i, d in enumerate(padded):
+            if type(d) is int and type(out[i]) is int and (d == 1 or d == out[i]):
+                continue  # what broadcast_dim keeps, without its calls (the common case, on every inference)
             try:
                 out[i] = broadcast_dim(out[i], d)
             except BroadcastError:

@@ -12,6 +12,7 @@ all constants with the reference kernels.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -356,10 +357,13 @@ def _attr_value(v):
     return v
 
 
-def _schema_inputs(op: str, domain: str, opset: int) -> list[str]:
+@lru_cache(maxsize=1024)
+def _schema_inputs(op: str, domain: str, opset: int) -> tuple[str, ...]:
+    """The input names of ``op``'s ONNX schema at ``opset`` (none for ops without one).
+    Memoized by the three: the schemas are fixed, and every replacement asks."""
     try:
-        return [i.name for i in onnx.defs.get_schema(op, opset, domain).inputs]
+        return tuple(i.name for i in onnx.defs.get_schema(op, opset, domain).inputs)
     except Exception:
-        return []
+        return ()
 
 

@@ -85,6 +85,13 @@ def max_input(tree) -> int:
     return -1
 
 
+@lru_cache(maxsize=4096)
+def _max_input_of(text: str) -> int:
+    """:func:`max_input` of a body's text, memoized by the text as :func:`parse_expr` is
+    (rewrites infer the same bodies over and over)."""
+    return max_input(parse_expr(text))
+
+
 def evaluate_expr(text: str, inputs: list[np.ndarray]) -> np.ndarray:
     """The body evaluated on numpy arrays (in float32 for half precision inputs)."""
     return np.asarray(_run(parse_expr(text), inputs))
@@ -108,11 +115,11 @@ def _run(tree, inputs: list[np.ndarray]):
 
 def _infer(ctx):
     try:
-        tree = parse_expr(ctx.attr("expr"))
+        reads = _max_input_of(ctx.attr("expr"))
     except ExprError as e:
         raise fail(ctx, str(e)) from None
-    if max_input(tree) >= ctx.num_inputs:
-        raise fail(ctx, f"expr reads x{max_input(tree)} but the node has {ctx.num_inputs} inputs")
+    if reads >= ctx.num_inputs:
+        raise fail(ctx, f"expr reads x{reads} but the node has {ctx.num_inputs} inputs")
     if any(t is None or not t.dtype.is_float or t.dtype != ctx.types[0].dtype for t in ctx.types):
         raise fail(ctx, "Elementwise computes on float tensors of one dtype")
     return broadcast_of()(ctx)
