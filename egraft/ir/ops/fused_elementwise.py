@@ -18,8 +18,10 @@ from functools import lru_cache
 import numpy as np
 from onnx import helper, numpy_helper
 
-from egraft.ir.ops._common import broadcast_of, fail
+from egraft.ir.dims import broadcast_shapes
+from egraft.ir.ops._common import fail
 from egraft.ir.registry import AttrSpec, register_op
+from egraft.ir.types import TensorType
 
 #: name -> (ONNX op, arity, numpy function)
 FUNCTIONS = {
@@ -85,13 +87,6 @@ def max_input(tree) -> int:
     return -1
 
 
-@lru_cache(maxsize=4096)
-def _max_input_of(text: str) -> int:
-    """:func:`max_input` of a body's text, memoized by the text as :func:`parse_expr` is
-    (rewrites infer the same bodies over and over)."""
-    return max_input(parse_expr(text))
-
-
 def evaluate_expr(text: str, inputs: list[np.ndarray]) -> np.ndarray:
     """The body evaluated on numpy arrays (in float32 for half precision inputs)."""
     return np.asarray(_run(parse_expr(text), inputs))
@@ -115,14 +110,30 @@ def _run(tree, inputs: list[np.ndarray]):
 
 def _infer(ctx):
     try:
-        reads = _max_input_of(ctx.attr("expr"))
+        return [_output_type(ctx.attr("expr"), tuple(ctx.types))]
     except ExprError as e:
         raise fail(ctx, str(e)) from None
-    if reads >= ctx.num_inputs:
-        raise fail(ctx, f"expr reads x{reads} but the node has {ctx.num_inputs} inputs")
-    if any(t is None or not t.dtype.is_float or t.dtype != ctx.types[0].dtype for t in ctx.types):
-        raise fail(ctx, "Elementwise computes on float tensors of one dtype")
-    return broadcast_of()(ctx)
+
+
+@lru_cache(maxsize=65536)
+def _output_type(text: str, types: tuple[TensorType | None, ...]) -> TensorType:
+    """The output type of the body ``text`` over inputs of ``types`` (the broadcast of
+    them all); :class:`ExprError` says what does not fit, the body or the types.
+
+    Memoized by the two, which are all that inference reads (no other attribute, no input
+    value): the fusion rules infer the same bodies over the same types on every layer
+    (t5_encoder_int8: 21k of 23k inferences in 11 rounds)."""
+    reads = max_input(parse_expr(text))
+    if reads >= len(types):
+        raise ExprError(f"expr reads x{reads} but the node has {len(types)} inputs")
+    if any(t is None or not t.dtype.is_float or t.dtype != types[0].dtype for t in types):
+        raise ExprError("Elementwise computes on float tensors of one dtype")
+    if any(t.shape is None for t in types):
+        return TensorType(types[0].dtype, None)
+    try:
+        return TensorType(types[0].dtype, broadcast_shapes(*(t.shape for t in types)))
+    except ValueError as e:
+        raise ExprError(str(e)) from None
 
 
 def _compute(ctx, *xs):
