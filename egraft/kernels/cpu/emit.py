@@ -236,12 +236,16 @@ class KernelContext(NodeAttrs):
 
     # ---- operands -----------------------------------------------------------------------------
     def _pointer(self, value_name: str, element: ir.Type) -> ir.Value:
-        if value_name not in self._slots:
-            raise KeyError(value_name)
-        if value_name not in self.table_names:
-            self.table_names.add(value_name)
+        slot = self._slots[value_name]
+        self.table_names.add(value_name)
+        # Operands are numbered by table slot: an in-place kernel's input and output share
+        # a slot, so the code loads one pointer for both (LLVM then knows they are the same
+        # buffer, not two that might overlap, and vectorizes without runtime checks).
+        slots = [self._slots[name] for name in self.operands]
+        if slot not in slots:
             self.operands.append(value_name)
-        index = self.operands.index(value_name)
+            slots.append(slot)
+        index = slots.index(slot)
         with self._at_entry():
             raw = self._entry_builder.load(self._entry_builder.gep(self.table, [ir.Constant(I64, index)]))
             return self._entry_builder.bitcast(raw, element.as_pointer(), name=f"p{index}")
