@@ -63,6 +63,30 @@ def test_dims_simplify_parse_and_evaluate():
         broadcast_shapes((2, 3), (4, 3))
 
 
+def test_dims_equal_is_sound_and_refutes_different_dims():
+    """``dims_equal`` says True only of dims equal at every size (a proof: it may miss some
+    equal pairs, such as a stride-2 conv's ``floor((h - 1)/2) + 1`` and ``ceiling(h/2)``), and
+    False of dims that differ somewhere (refuted by a sample point before any proof runs)."""
+    from egraft.ir.dims import dims_equal, evaluate_dim
+
+    h, w = sym("h"), sym("w")
+    pairs = [
+        (sympy.floor((h - 1) / 2) + 1, sympy.ceiling(h / 2)),       # equal, not proved
+        (sympy.floor((h - 1) / 2) + 1, sympy.floor(h / 2)),         # differ at odd h
+        (sympy.Max(h, w) + sympy.floor(w / 32), sympy.Max(h, w)),   # differ from w = 32 on
+        (2 * sympy.floor(h / 4), sympy.floor(h / 2)),               # differ at h = 2
+        (h * w + h, h * (w + 1)),                                   # equal, proved
+    ]
+    for a, b in pairs:
+        equal_everywhere = all(evaluate_dim(a, {"h": i, "w": j}) == evaluate_dim(b, {"h": i, "w": j})
+                               for i in range(1, 70) for j in range(1, 70))
+        if dims_equal(a, b):
+            assert equal_everywhere, (a, b)
+        else:
+            assert not equal_everywhere or (a, b) == pairs[0], (a, b)
+    assert dims_equal(h * w + h, h * (w + 1))
+
+
 def test_tensor_type_text_and_binding():
     t = TensorType(DType.FLOAT16, (sym("n"), 2 * sym("n"), 5))
     assert str(t) == "f16[n, 2*n, 5]"

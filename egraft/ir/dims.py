@@ -182,7 +182,32 @@ def _symbolic_dims_equal(a: Dim, b: Dim) -> bool:
     on the two (immutable) expressions alone, and the same pairs recur on every layer when
     rewrites infer broadcasts."""
     difference = sympy.sympify(a) - sympy.sympify(b)
-    return sympy.expand(difference) == 0 or sympy.simplify(difference) == 0
+    if sympy.expand(difference) == 0:
+        return True
+    if _nonzero_somewhere(difference):  # refuted in microseconds: no proof to attempt
+        return False
+    return sympy.simplify(difference) == 0
+
+
+#: Values the dims' symbols take where a difference of dims is evaluated before any proof
+#: is attempted (dims are positive integers; varied so that floors and maxima differ).
+_SAMPLES = ((7, 13, 29, 3, 64, 11), (224, 5, 17, 96, 2, 41), (1, 33, 8, 150, 19, 6))
+
+
+def _nonzero_somewhere(difference: sympy.Expr) -> bool:
+    """Whether ``difference`` (of two dims) is nonzero at some sample point: then the dims are
+    not equal, and ``sympy.simplify`` (seconds on the floors and maxima of a detector's
+    resized feature maps) is not needed to say so. Sound: equal dims agree everywhere."""
+    symbols = sorted(difference.free_symbols, key=str)
+    for sample in _SAMPLES:
+        point = {s: sympy.Integer(sample[k % len(sample)] + k // len(sample)) for k, s in enumerate(symbols)}
+        try:
+            value = difference.xreplace(point)
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        if value.is_number and value.is_finite and value != 0:
+            return True
+    return False
 
 
 class UnknownComparison(ValueError):
