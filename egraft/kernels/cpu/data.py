@@ -38,7 +38,20 @@ from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.ir.ops.shape import onnx_slice
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse, emit_elementwise
-from egraft.kernels.cpu.emit import F32, F64, I1, I8, I8P, I32, I64, KernelContext, Unsupported, is_float, llvm_type
+from egraft.kernels.cpu.emit import (
+    F32,
+    F64,
+    I1,
+    I8,
+    I8P,
+    I32,
+    I64,
+    KernelContext,
+    Unsupported,
+    ceil_div,
+    is_float,
+    llvm_type,
+)
 
 Dim = int | sympy.Expr
 
@@ -251,6 +264,19 @@ def _copy_elements(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, s
     nest(0, dst_offset, src_offset)
 
 
+def _over_outer_axes(ctx, sizes, outer: list[int], dst_strides, src_strides, d_off: ir.Value, s_off: ir.Value,
+                     inner, name: str) -> None:
+    """One loop per axis of ``outer`` (offsets advanced by each side's stride), then
+    ``inner(d_off, s_off)`` in the innermost: the outer nest of the transposing copies."""
+    if not outer:
+        inner(d_off, s_off)
+        return
+    k = outer[0]
+    with ctx.loop(ctx.dim(sizes[k]), name=f"{name}{k}") as i:
+        _over_outer_axes(ctx, sizes, outer[1:], dst_strides, src_strides, _add_scaled(ctx, d_off, i, dst_strides[k]),
+                         _add_scaled(ctx, s_off, i, src_strides[k]), inner, name)
+
+
 #: Side of the register block of a transposing copy of 4-byte elements: 8 x 8 in eight vectors.
 REGISTER_BLOCK = 8
 
@@ -290,21 +316,12 @@ def _copy_transposed(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset,
     def starts(i: ir.Value, n: ir.Value) -> ir.Value:  # min(8 i, n - 8): the last block overlaps
         return _smin(b, b.mul(i, block), b.sub(n, block))
 
-    def blocks(n: ir.Value) -> ir.Value:
-        return b.sdiv(b.add(n, ir.Constant(I64, REGISTER_BLOCK - 1)), block)
-
-    def nest(position: int, d_off: ir.Value, s_off: ir.Value) -> None:
-        if position < len(outer):
-            k = outer[position]
-            with ctx.loop(ctx.dim(sizes[k]), name=f"r{k}") as i:
-                nest(position + 1, _add_scaled(ctx, d_off, i, dst_strides[k]),
-                     _add_scaled(ctx, s_off, i, src_strides[k]))
-            return
-        with ctx.loop(blocks(n_across), name="ra") as ab:
+    def blocks(d_off: ir.Value, s_off: ir.Value) -> None:
+        with ctx.loop(ceil_div(b, n_across, REGISTER_BLOCK), name="ra") as ab:
             a0 = starts(ab, n_across)
             d_a = _add_scaled(ctx, d_off, a0, dst_strides[across])
             s_a = b.add(s_off, a0)
-            with ctx.loop(blocks(n_last), name="rl") as lb:
+            with ctx.loop(ceil_div(b, n_last, REGISTER_BLOCK), name="rl") as lb:
                 l0 = starts(lb, n_last)
                 d_block = b.add(d_a, l0)
                 s_block = _add_scaled(ctx, s_a, l0, src_strides[last])
@@ -315,14 +332,16 @@ def _copy_transposed(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset,
                     at = _add_scaled(ctx, d_block, ir.Constant(I64, i), dst_strides[across])
                     b.store(row, b.bitcast(b.gep(dst, [at]), vector), align=4)
 
-    known = all(isinstance(sizes[k], int | sympy.Integer) for k in (across, last))
-    if known:
-        nest(0, dst_offset, src_offset)
+    def nest() -> None:
+        _over_outer_axes(ctx, sizes, outer, dst_strides, src_strides, dst_offset, src_offset, blocks, "r")
+
+    if all(isinstance(sizes[k], int | sympy.Integer) for k in (across, last)):
+        nest()
         return
     enough = b.and_(b.icmp_signed(">=", n_across, block), b.icmp_signed(">=", n_last, block))
     with b.if_else(enough) as (blocked, short):
         with blocked:
-            nest(0, dst_offset, src_offset)
+            nest()
         with short:
             _copy_elements(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset)
 
@@ -337,18 +356,9 @@ def _copy_tiled(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_
     outer = [k for k in range(last) if k != across]
     t = ir.Constant(I64, tile)
 
-    def blocks(n: Dim) -> ir.Value:
-        return b.sdiv(b.add(ctx.dim(n), ir.Constant(I64, tile - 1)), t)
-
-    def nest(position: int, d_off: ir.Value, s_off: ir.Value) -> None:
-        if position < len(outer):
-            k = outer[position]
-            with ctx.loop(ctx.dim(sizes[k]), name=f"t{k}") as i:
-                nest(position + 1, _add_scaled(ctx, d_off, i, dst_strides[k]),
-                     _add_scaled(ctx, s_off, i, src_strides[k]))
-            return
-        with ctx.loop(blocks(sizes[across]), name="ta") as ab:
-            with ctx.loop(blocks(sizes[last]), name="tl") as lb:
+    def tiles(d_off: ir.Value, s_off: ir.Value) -> None:
+        with ctx.loop(ceil_div(b, ctx.dim(sizes[across]), tile), name="ta") as ab:
+            with ctx.loop(ceil_div(b, ctx.dim(sizes[last]), tile), name="tl") as lb:
                 a0, l0 = b.mul(ab, t), b.mul(lb, t)
                 a_end = _smin(b, b.add(a0, t), ctx.dim(sizes[across]))
                 l_end = _smin(b, b.add(l0, t), ctx.dim(sizes[last]))
@@ -370,7 +380,7 @@ def _copy_tiled(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_
                 value = b.load(b.gep(src, [_add_scaled(ctx, s_row, j, src_strides[last])]))
                 b.store(value, b.gep(dst, [_add_scaled(ctx, d_row, j, dst_strides[last])]))
 
-    nest(0, dst_offset, src_offset)
+    _over_outer_axes(ctx, sizes, outer, dst_strides, src_strides, dst_offset, src_offset, tiles, "t")
 
 
 def _same_dtype(ctx: KernelContext) -> None:
