@@ -427,11 +427,13 @@ def compile_lowered(lowered: Lowered, use_cache: bool = True):
 
     start = time.perf_counter()
     modules = [lowered.kernels.stubs_text(), *lowered.kernels.modules.values()]
+    compiled = None
     if any(SGEMM in text for text in modules[1:]):  # the kernels call egraft_sgemm: load it first
         if use_cache and not library_loaded():  # compile it beside the kernels, into the disk cache
-            compile_objects([library_module(), *modules])
+            objects, hits = compile_objects([library_module(), *modules])
+            compiled = objects[1:], hits[1:]
         library()
-    jit = JitModule(modules, use_cache=use_cache) if lowered.kernels.calls else None
+    jit = JitModule(modules, use_cache=use_cache, compiled=compiled) if lowered.kernels.calls else None
     bodies = {index: {attr: compile_lowered(sub, use_cache) for attr, sub in subs.items()}
               for index, subs in lowered.bodies.items()}
     lowered.seconds["llvm"] = time.perf_counter() - start

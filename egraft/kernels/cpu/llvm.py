@@ -295,8 +295,9 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def compile_objects(modules: Sequence[str | DeferredModule], use_cache: bool = True) -> tuple[list[bytes], int]:
-    """The object code of each module and how many came from the disk cache (keyed by
+def compile_objects(modules: Sequence[str | DeferredModule],
+                    use_cache: bool = True) -> tuple[list[bytes], list[bool]]:
+    """The object code of each module and whether it came from the disk cache (keyed by
     :func:`object_key`: a module compiled for any model before is not compiled again).
 
     The modules to compile are shared out, largest first, between this process and up to
@@ -310,7 +311,7 @@ def compile_objects(modules: Sequence[str | DeferredModule], use_cache: bool = T
     if use_cache:
         for i, path in enumerate(paths):
             objects[i] = _verified_object(path)
-    hits = sum(o is not None for o in objects)
+    hits = [o is not None for o in objects]
     module_texts = [m if isinstance(m, str) or objects[i] is not None else m.build() for i, m in enumerate(modules)]
     first: dict[str, int] = {}  # equal modules compile once
     for i, key in enumerate(keys):
@@ -409,15 +410,18 @@ class JitModule:
         seconds: time spent compiling (or loading) and linking.
     """
 
-    def __init__(self, modules: str | DeferredModule | Sequence[str | DeferredModule], use_cache: bool = True):
+    def __init__(self, modules: str | DeferredModule | Sequence[str | DeferredModule], use_cache: bool = True,
+                 compiled: tuple[list[bytes], list[bool]] | None = None):
+        """``compiled``: what :func:`compile_objects` returned for ``modules`` when the caller
+        already ran it (with more modules beside: the library), so nothing is read twice."""
         import time
 
         initialized()
         start = time.perf_counter()
         texts = [modules] if isinstance(modules, str | DeferredModule) else list(modules)
-        objects, hits = compile_objects(texts, use_cache)
-        self.cached = hits == len(texts)
-        self.compiled = len(texts) - hits
+        objects, hits = compiled if compiled is not None else compile_objects(texts, use_cache)
+        self.cached = all(hits)
+        self.compiled = len(texts) - sum(hits)
         with LOCK:
             self._tm = _target_machine()
             empty = llvm.parse_assembly(f'target triple = "{host_cpu()[0]}"')
