@@ -44,7 +44,7 @@ from egraft.ir.interpreter import Bindings, check_feeds, run_graph
 from egraft.ir.onnx_fallback import onnx_compute
 from egraft.ir.registry import RunContext
 from egraft.ir.work import op_work
-from egraft.kernels.cpu.llvm import JitModule
+from egraft.kernels.cpu.llvm import JitModule, cpu_count
 from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
 from egraft.kernels.cpu.workers import NativeWorkers
 from egraft.lowering.compile import Lowered
@@ -64,14 +64,6 @@ UNBOUND = -1
 #: ``$EGRAFT_RUNTIME=steps`` runs every step from Python (as a profiled run does), not the
 #: native schedule: for debugging a kernel in isolation.
 _STEPWISE = os.environ.get("EGRAFT_RUNTIME", "") == "steps"
-
-
-def cpu_count() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_threads() -> int:

@@ -228,8 +228,11 @@ PARALLEL_MIN_CHARS = 200_000
 def compile_jobs() -> int:
     """The processes :func:`compile_objects` may use: ``$EGRAFT_COMPILE_JOBS``, else the cores."""
     value = os.environ.get(_JOBS_VARIABLE, "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
+    return int(value) if value.isdigit() and int(value) > 0 else cpu_count()
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
