@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 
@@ -48,13 +49,46 @@ def simplify_dim(d) -> Dim:
     return e
 
 
+#: The sympy functions a dim's canonical form keeps as opaque terms of a rational function.
+_OPAQUE = (sympy.floor, sympy.ceiling, sympy.Min, sympy.Max, sympy.Mod)
+
+#: Opaque terms already in canonical form (each came out of ``sympy.simplify``).
+_CANONICAL_TERMS: set[sympy.Expr] = set()
+
+
+def _opaque_terms(expr: sympy.Expr) -> set[sympy.Expr]:
+    """The outermost floor, ceiling, Min, Max and Mod terms of ``expr``."""
+    found: set[sympy.Expr] = set()
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, _OPAQUE):
+            found.add(e)
+        else:
+            stack.extend(e.args)
+    return found
+
+
 @lru_cache(maxsize=65536)
 def _canonical(expr: sympy.Expr) -> sympy.Expr:
     """``sympy.simplify``, memoized: the same dims recur on every layer of a network, and
-    simplify is the slowest step of importing a model with symbolic spatial dims."""
-    if not expr.has(sympy.floor, sympy.ceiling, sympy.Min, sympy.Max, sympy.Mod):
+    simplify is the slowest step of importing a model with symbolic spatial dims.
+
+    An expression whose floors and maxima are all canonical already (a product of a
+    detector's feature-map sides, a stride) is a rational function of those terms: it is
+    cancelled with each term held as a symbol, not simplified (seconds on nested maxima).
+    """
+    if not expr.has(*_OPAQUE):
         return sympy.cancel(expr) if expr.is_rational_function() else expr
-    return sympy.simplify(expr)
+    terms = _opaque_terms(expr)
+    if terms <= _CANONICAL_TERMS:
+        held = {t: sympy.Symbol(f"_egraft_term{i}", integer=True) for i, t in enumerate(sorted(terms, key=str))}
+        rational = expr.xreplace(held)
+        if rational.is_rational_function():
+            return sympy.cancel(rational).xreplace({v: t for t, v in held.items()})
+    result = sympy.simplify(expr)
+    _CANONICAL_TERMS.update(_opaque_terms(result))
+    return result
 
 
 def is_static(d: Dim) -> bool:
@@ -186,7 +220,51 @@ def _symbolic_dims_equal(a: Dim, b: Dim) -> bool:
         return True
     if _nonzero_somewhere(difference):  # refuted in microseconds: no proof to attempt
         return False
+    proved = _zero_by_residues(difference)
+    if proved is not None:
+        return proved
+    if difference.has(sympy.Min, sympy.Max):  # simplify takes seconds on maxima and does not decide them
+        return False
     return sympy.simplify(difference) == 0
+
+
+#: The most residue classes :func:`_zero_by_residues` evaluates a difference on.
+_MAX_RESIDUE_CLASSES = 512
+
+
+def _zero_by_residues(difference: sympy.Expr) -> bool | None:
+    """Whether a difference of floors, maxima and linear terms is 0 for every positive
+    integer value of its symbols: True or False when decided, None when not.
+
+    With ``L`` the common denominator of its rational numbers, each symbol ``x`` is written
+    ``L*k + r`` (``k >= 0``, ``r`` in ``1..L``): every ``floor((a*x + b)/q)`` becomes linear
+    in ``k`` and a maximum of linear terms resolves on ``k >= 0``, so each residue class
+    reduces to a polynomial in the ``k``s, zero or not. Exact: the classes cover every value.
+
+    Example:
+        >>> x = sym("x")
+        >>> a = 2 * sympy.floor(x / 32 - sympy.Rational(1, 32)) + 2
+        >>> _zero_by_residues(sympy.Max(a, sympy.floor(x / 16 - sympy.Rational(1, 16)) + 1) - a)
+        True
+    """
+    if not difference.has(*_OPAQUE):
+        return None
+    symbols = sorted(difference.free_symbols, key=str)
+    period = 1
+    for q in difference.atoms(sympy.Rational):
+        period = sympy.ilcm(period, int(q.q))
+    if not symbols or period ** len(symbols) > _MAX_RESIDUE_CLASSES:
+        return None
+    quotients = [sympy.Symbol(f"_egraft_k{i}", integer=True, nonnegative=True) for i in range(len(symbols))]
+    for residues in itertools.product(range(1, period + 1), repeat=len(symbols)):
+        point = {s: period * k + r for s, k, r in zip(symbols, quotients, residues)}
+        value = sympy.expand(difference.xreplace(point))
+        if value == 0:
+            continue
+        if value.is_number:
+            return False
+        return None  # a floor or maximum that did not resolve: undecided
+    return True
 
 
 #: Values the dims' symbols take where a difference of dims is evaluated before any proof
