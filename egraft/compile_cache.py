@@ -108,11 +108,12 @@ def cache_root() -> Path:
 
 
 def clear_cache() -> int:
-    """Delete every cached compiled model and object file; returns the number of files removed."""
+    """Delete every cached compiled model, object file and parsed rule file; returns the
+    number of files removed."""
     from egraft.kernels.cpu.llvm import cache_dir
 
     removed = 0
-    for sub in ("compiled", "objects"):
+    for sub in ("compiled", "objects", "rules"):
         folder = cache_dir() / sub
         if folder.is_dir():
             removed += sum(1 for p in folder.rglob("*") if p.is_file())

@@ -39,6 +39,7 @@ from egraft.kernels.cpu import find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
 from egraft.kernels.cpu.llvm import JitModule, host_cpu
 from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
+from egraft.lowering.kernel_memo import Emission, KernelMemo, replay
 from egraft.lowering.kernels import KernelSet
 from egraft.lowering.memory import BufferSpec
 
@@ -190,6 +191,7 @@ def lower(graph: Graph) -> Lowered:
     dim_index = {s: k for k, s in enumerate(symbols)}
 
     kernels = KernelSet()
+    memo = KernelMemo()
     steps: list[Step] = []
     derived: dict = {}
     packed_from: dict = {}
@@ -231,17 +233,18 @@ def lower(graph: Graph) -> Lowered:
             if in_place(node.op, node.domain):
                 _reuse_a_dying_input(index, node, storage, slots, sharing, output_names, input_symbols)
             name = f"k{index}_{node.op}"
-            scratch = ir.Module(name="kernel")
-            scratch.triple = host_cpu()[0]
             opset = node_opset(graph, node)
-            own: dict = {}
-            ctx = KernelContext(scratch, name, node, graph, resolve_op(node, opset), opset, slots, dim_index, own)
+            key = memo.key(node, opset, slots, graph)
+            emission = memo.find(key, node, graph)
             try:
-                generator(ctx)
-                ctx.finish()
+                if emission is None:
+                    emission = _emit(generator, node, graph, name, opset, slots, dim_index, memo, key)
             except Unsupported as e:
                 reason = str(e)
             else:
+                names, own, packed = replay(emission, node, graph, name)
+                for derived_name in own:
+                    slots.setdefault(derived_name, len(slots))
                 sized = (bool(learned) or _length_assumes_computed_starts(graph, node)) \
                     and node.op in SIZED_BY_INPUT_VALUES and node.domain in ("", "ai.onnx")
                 if learned and not sized:
@@ -250,15 +253,15 @@ def lower(graph: Graph) -> Lowered:
                     continue
                 if sized:  # the runtime's inference reads every input, constants included
                     runtime_constants.update(v.name for v in node.inputs if v is not None and v.const is not None)
-                symbol = kernels.add(str(scratch))
-                kernels.call(name, symbol, tuple(slots[v] for v in ctx.operands),
-                             tuple(dim_index[s] for s in ctx.dim_operands))
+                symbol = kernels.add(emission.text)
+                kernels.call(name, symbol, tuple(slots[names[role]] for role in emission.operands),
+                             tuple(dim_index[s] for s in emission.dim_operands))
                 derived.update(own)
-                packed_from.update(ctx.packed_from)
-                runtime_constants.update(v.name for v in node.inputs
-                                         if v is not None and v.const is not None and v.name in ctx.table_names)
-                steps.append(Step(index, node, "kernel", function=name, parallel=ctx.parallel, sized_by_inputs=sized,
-                                  guards=tuple(ctx.broadcast_guards)))
+                packed_from.update(packed)
+                runtime_constants.update(v.name for i, v in enumerate(node.inputs)
+                                         if v is not None and v.const is not None and ("in", i) in emission.table_roles)
+                steps.append(Step(index, node, "kernel", function=name, parallel=emission.parallel,
+                                  sized_by_inputs=sized, guards=emission.guards))
                 continue
         steps.append(Step(index, node, "fallback", reason=reason))
     for step in steps:
@@ -273,6 +276,24 @@ def lower(graph: Graph) -> Lowered:
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, kernels,
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
                    bodies=bodies, source_nodes=None if graph is source else list(source.nodes))
+
+
+def _emit(generator, node: Node, graph: Graph, name: str, opset: int, slots: dict[str, int],
+          dim_index: dict[str, int], memo: KernelMemo, key) -> Emission:
+    """Run ``generator`` on ``node`` in a module of its own and record the emission in ``memo``;
+    the derived constants it made are taken out of ``slots`` again (:func:`replay` gives them
+    their slots, for this node as for a later one that reuses the emission)."""
+    scratch = ir.Module(name="kernel")
+    scratch.triple = host_cpu()[0]
+    before = set(slots)
+    ctx = KernelContext(scratch, name, node, graph, resolve_op(node, opset), opset, slots, dim_index, {})
+    try:
+        generator(ctx)
+        ctx.finish()
+    finally:
+        for made in set(slots) - before:
+            del slots[made]
+    return memo.record(key, ctx, str(scratch))
 
 
 def _dims_given_by_values(node: Node) -> list[str]:

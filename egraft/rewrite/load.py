@@ -17,6 +17,7 @@ Every problem is a :class:`RuleError` whose text is
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -95,7 +96,7 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
             text = path.read_text()
         except OSError as e:
             raise RuleError(f"cannot read rule file '{path}': {e.strerror or e}; check the path") from None
-        rf = parse_rules(text, str(path))
+        rf = parsed_rules(text, str(path))
         check_rule_file(rf, opset)
         for rule in rf.rules:
             if rule.name in defined:
@@ -104,6 +105,40 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
             defined[rule.name] = rule.loc
         loaded.append(rf)
     return loaded
+
+
+def parsed_rules(text: str, name: str) -> RuleFile:
+    """``parse_rules(text, name)``, kept in the cache folder (``rules/``) by a digest of the
+    text, the name and egraft's sources: parsing the shipped rules took half a second of
+    every compile's process. A cached file that cannot be read back is parsed again.
+
+    Example::
+
+        >>> parsed_rules("rule r: Relu(Relu(x)) -> Relu(x)", "r.rules").rules[0].name   # doctest: +SKIP
+        'r'
+    """
+    import hashlib
+    import pickle
+
+    from egraft.kernels.cpu.llvm import cache_dir, source_digest
+
+    digest = hashlib.sha256(f"{source_digest()}\0{name}\0{text}".encode()).hexdigest()[:32]
+    path = cache_dir() / "rules" / f"{digest}.pkl"
+    try:
+        rf = pickle.loads(path.read_bytes())
+        if isinstance(rf, RuleFile):
+            return rf
+    except Exception:  # noqa: BLE001 (missing, damaged or from another egraft: parse it again)
+        pass
+    rf = parse_rules(text, name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_bytes(pickle.dumps(rf, protocol=pickle.HIGHEST_PROTOCOL))
+        temporary.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs the next process the parse
+    return rf
 
 
 def check_rule_file(rf: RuleFile, opset: int = 21) -> None:

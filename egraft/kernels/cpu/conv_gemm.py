@@ -113,7 +113,7 @@ def few_pixels(ctx: KernelContext, geo, residual: int | None) -> bool:
     constant weights, no residual, fewer output pixels than a panel of ``NR`` and at least
     two panels' worth of output channels."""
     blk = blocking()
-    return (geo.group == 1 and residual is None and ctx.constant(1) is not None
+    return (geo.group == 1 and residual is None and ctx.is_constant(1)
             and geo.out_h * geo.out_w < blk.nr and geo.out_channels >= 2 * blk.nr)
 
 
@@ -216,7 +216,7 @@ def emit_conv_gemm(ctx: KernelContext, geo, bias: int | None, residual: int | No
     pixels = geo.out_h * geo.out_w
     go = geo.group_out
     mr = blocking().mr
-    if ctx.constant(1) is not None:
+    if ctx.is_constant(1):
         a_base, _ = ctx.packed_constant("packed_w", "conv_gemm.panels", 1, group=geo.group, mr=mr)
         a_fields = {"a_packed": 1}
         group_a = (-(-go // mr)) * mr * k

@@ -65,7 +65,7 @@ def emit_symbolic_conv_gemm(ctx: KernelContext, g, bias: int | None, residual: i
     pad_h, pad_w = ctx.dim(g.pad_h), ctx.dim(g.pad_w)
     plane_in, pixels = b.mul(in_h, in_w), b.mul(out_h, out_w)
 
-    if ctx.constant(1) is not None:
+    if ctx.is_constant(1):
         a_base, _ = ctx.packed_constant("packed_w", "conv_gemm.panels", 1, group=g.group, mr=blk.mr)
         a_fields: dict = {"a_packed": 1}
         group_a = (-(-go // blk.mr)) * blk.mr * k

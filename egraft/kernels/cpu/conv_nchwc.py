@@ -487,7 +487,7 @@ def _check_operands(ctx: KernelContext, residual: int | None) -> None:
     inputs = [0, 1] + [i for i in (2, residual) if i is not None and ctx.has_input(i)]
     if ctx.out_type(0).dtype.short != "f32" or any(ctx.in_type(i).dtype.short != "f32" for i in inputs):
         raise Unsupported("ConvNCHWc has generated code for float32 only")
-    if ctx.constant(1) is None:
+    if not ctx.is_constant(1):
         raise Unsupported("the weights are not a constant (they are packed at compile time)")
     if residual is not None:
         z, y = ctx.shape(ctx.in_type(residual)), ctx.shape(ctx.out_type(0))

@@ -213,6 +213,11 @@ class KernelContext(NodeAttrs):
         #: input (:meth:`packed_constant`); derived constants not here (offset tables) are
         #: made from the shapes alone.
         self.packed_from: dict[str, PackedFrom] = {}
+        #: ``(slot name, array)`` of every derived constant, in the order they were made.
+        self.derived_made: list[tuple[str, Any]] = []
+        #: The inputs whose constant values the generator read (:meth:`constant`): the
+        #: emitted code may depend on them (:mod:`egraft.lowering.kernel_memo`).
+        self.values_read: set[int] = set()
 
     # ---- the node (``attr`` comes from NodeAttrs) ------------------------------------------
     def has_input(self, i: int) -> bool:
@@ -225,9 +230,18 @@ class KernelContext(NodeAttrs):
         return self.node.outputs[j].type
 
     def constant(self, i: int):
-        """The array of input ``i`` when it is a constant (weights), else ``None``."""
+        """The array of input ``i`` when it is a constant (weights), else ``None``. The code
+        emitted may depend on its values: a generator that only asks whether input ``i`` is
+        a constant calls :meth:`is_constant`."""
         v = self.node.inputs[i]
-        return None if v is None or v.const is None else self.graph.constants[v.const]
+        if v is None or v.const is None:
+            return None
+        self.values_read.add(i)
+        return self.graph.constants[v.const]
+
+    def is_constant(self, i: int) -> bool:
+        """Whether input ``i`` is a constant (its values are not read)."""
+        return i < len(self.node.inputs) and self.node.inputs[i] is not None and self.node.inputs[i].const is not None
 
     def shape(self, t: TensorType) -> tuple:
         if t.shape is None:
@@ -263,6 +277,7 @@ class KernelContext(NodeAttrs):
         """
         name = f"{self.name}.{tag}"
         self._derived[name] = array
+        self.derived_made.append((name, array))
         self._slots.setdefault(name, len(self._slots))
         return self._pointer(name, llvm_type(DType.from_numpy(array.dtype)))
 

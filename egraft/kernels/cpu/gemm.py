@@ -219,7 +219,7 @@ def emit_gemm(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
     if uses_library(out, m, n, k):
         bld = ctx.builder
         b_fields = {"b": bld.gep(b.ptr, [b_offset]), "b_rs": b.row_stride, "b_cs": b.col_stride}
-        if b_weights is not None and ctx.constant(b_weights[0]) is not None:
+        if b_weights is not None and ctx.is_constant(b_weights[0]):
             index, transposed = b_weights
             packed, _ = ctx.packed_constant("packed_b", "sgemm.b_panels", index, transposed=transposed,
                                             nr=blocking().nr)
@@ -386,7 +386,7 @@ def emit_matmul(ctx: KernelContext, epilogue: Epilogue | None = None) -> bool:
     """
     batch, (a_batch, b_batch), a, b, m, n, k = matmul_operands(ctx)
     b_shape = ctx.shape(ctx.in_type(1))
-    weights = (1, False) if ctx.constant(1) is not None and len(b_shape) >= 2 \
+    weights = (1, False) if ctx.is_constant(1) and len(b_shape) >= 2 \
         and all(dim_is(d, 1) for d in b_shape[:-2]) else None  # one matrix, read by every batch
     out = ctx.out_ptr(0)
     zero = ir.Constant(I64, 0)
@@ -491,7 +491,7 @@ def emit_gemm_node(ctx: KernelContext) -> None:
             epilogue = _fused_epilogue(ctx, 2, None, alpha)
         if epilogue is None:  # C as a (scaled) residual, or Z
             epilogue = _fused_epilogue(ctx, None, 2 if has_c else (3 if has_z else None), alpha, beta if has_c else 1.0)
-    weights = (1, bool(ctx.attr("transB", 0))) if ctx.constant(1) is not None else None
+    weights = (1, bool(ctx.attr("transB", 0))) if ctx.is_constant(1) else None
     if emit_gemm(ctx, a, zero, b, zero, ctx.out_ptr(0), zero, m, n, k, epilogue, parallel=epilogue is not None,
                  b_weights=weights) and epilogue is not None:
         return

@@ -510,13 +510,13 @@ def matmul_integer(ctx: KernelContext) -> None:
     _int_dtype(ctx, 1)
     if ctx.has_input(2) and ctx.in_type(2).dtype != a_dtype:
         raise Unsupported("MatMulInteger a_zero_point of another type than A")
-    w = ctx.constant(1)
-    if w is None:
+    if not ctx.is_constant(1):
         raise Unsupported("MatMulInteger with a computed B has no generated code (B must be a constant)")
+    w_shape = ctx.shape(ctx.in_type(1))
     a_shape = ctx.shape(ctx.in_type(0))
-    if w.ndim != 2 or not a_shape:
-        raise Unsupported(f"MatMulInteger with B of rank {w.ndim} (2 only) or a scalar A has no generated code")
-    k, n = (int(d) for d in w.shape)
+    if len(w_shape) != 2 or not a_shape:
+        raise Unsupported(f"MatMulInteger with B of rank {len(w_shape)} (2 only) or a scalar A has no generated code")
+    k, n = (int(d) for d in w_shape)
     if a_shape[-1] != k:
         raise Unsupported(f"MatMulInteger: A's last dim {a_shape[-1]} is not B's {k} at compile time")
     product = PairProduct.for_host()
@@ -674,7 +674,7 @@ def conv_integer(ctx: KernelContext) -> None:
     direct loop nest, output channels split over threads, the innermost loop over contiguous
     output columns."""
     x_dtype, _ = _int_dtype(ctx, 0), _int_dtype(ctx, 1)
-    if ctx.constant(1) is None:
+    if not ctx.is_constant(1):
         raise Unsupported("ConvInteger with computed weights has no generated code")
     g = symbolic_geometry(ctx)
     w_zero = _constant_zero_point(ctx, 3, g.out_channels)

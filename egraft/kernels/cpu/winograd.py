@@ -80,7 +80,7 @@ def fits(ctx: KernelContext, geo, activation: str) -> bool:
     stride-1 one-group conv, an activation the products' library form takes)."""
     if ctx.out_type(0).dtype.short != "f32" or any(ctx.in_type(i).dtype.short != "f32" for i in (0, 1)):
         return False
-    if ctx.constant(1) is None or len(ctx.shape(ctx.in_type(0))) != 4:
+    if not ctx.is_constant(1) or len(ctx.shape(ctx.in_type(0))) != 4:
         return False
     shape = (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.dil_h, geo.dil_w, geo.group)
     if shape != (3, 3, 1, 1, 1, 1, 1) or not Epilogue.fits(activation):
