@@ -462,3 +462,47 @@ def test_a_reshape_to_a_target_from_data_runs_on_its_reference_kernel():
         got = compiled.run(feeds)["y"]
         assert got.shape == tuple(target)
         np.testing.assert_array_equal(got, run_onnxruntime(model, feeds)["y"])
+
+
+def test_repeated_layers_reuse_one_emission_with_their_own_weights():
+    """Three convolutions and two integer products of the same shapes, each with its own
+    weights (the products' per-column zero points are equal: read by value, they are part
+    of what the code depends on): the later ones reuse the first one's emitted code (the
+    lower stage runs each generator once), their weights packed again from their own
+    constants, so the outputs match onnxruntime's exactly."""
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+    x = "x"
+    for i in range(3):
+        inits += [numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, f"w{i}"),
+                  numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    zero = rng.integers(-5, 5, 24).astype(np.int8)  # read by value: the same in both, else no reuse
+    for i in range(2):
+        inits += [numpy_helper.from_array(rng.integers(-128, 127, (32, 24)).astype(np.int8), f"q{i}"),
+                  numpy_helper.from_array(zero.copy(), f"z{i}")]
+    nodes += [helper.make_node("MatMulInteger", ["a", "q0", "", "z0"], ["m0"]),
+              helper.make_node("MatMulInteger", ["a", "q1", "", "z1"], ["m1"])]
+    graph = helper.make_graph(
+        nodes, "repeated",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12]),
+         helper.make_tensor_value_info("a", TensorProto.UINT8, [5, 32])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("m0", TensorProto.INT32, None),
+         helper.make_tensor_value_info("m1", TensorProto.INT32, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    optimized = optimize(egraft.load(model), cost="roofline").graph
+    lowered = lower(optimized)
+    kernel_steps = [s for s in lowered.steps if s.kind == "kernel"]
+    assert lowered.reused_emissions >= 3, (lowered.reused_emissions, [s.node.op for s in kernel_steps])
+    assert len(lowered.kernels.modules) <= len(kernel_steps) - lowered.reused_emissions
+    feeds = {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32),
+             "a": rng.integers(0, 255, (5, 32)).astype(np.uint8)}
+    got = egraft.compile(model, use_cache=False, specialize="off").run(feeds)
+    want = run_onnxruntime(model, feeds, exact=True)
+    np.testing.assert_array_equal(got["m0"], want["m0"])
+    np.testing.assert_array_equal(got["m1"], want["m1"])
+    assert not np.array_equal(got["m0"], got["m1"])
+    np.testing.assert_allclose(got[x], want[x], rtol=1e-4, atol=1e-4)

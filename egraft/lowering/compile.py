@@ -107,6 +107,8 @@ class Lowered:
     #: condition replaced by their branch): what ``CompiledModel.graph`` shows; ``graph`` is
     #: what the steps run
     source_nodes: list | None = None
+    #: kernel steps whose code an earlier step's emission gave (:mod:`egraft.lowering.kernel_memo`)
+    reused_emissions: int = 0
 
     @property
     def module_text(self) -> str:
@@ -275,7 +277,8 @@ def lower(graph: Graph) -> Lowered:
     buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, kernels,
                    {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
-                   bodies=bodies, source_nodes=None if graph is source else list(source.nodes))
+                   bodies=bodies, source_nodes=None if graph is source else list(source.nodes),
+                   reused_emissions=memo.hits)
 
 
 def _emit(generator, node: Node, graph: Graph, name: str, opset: int, slots: dict[str, int],

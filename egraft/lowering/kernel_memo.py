@@ -7,12 +7,12 @@ in Python, then printed) was most of the lower stage. Kernels were already *shar
 text (:mod:`egraft.lowering.kernels`); this skips *building* the text again.
 
 What a generator sees of a node, and so what the key holds: the op, domain, opset and
-attributes; each operand's dtype and shape, whether it is a constant, and the values of the
-small constants (axes, zero points, shapes); which operands share a table slot (in place).
-A generator that reads a larger constant's values (``ctx.constant``) makes the emission
-depend on them: the record keeps their digests, and a later node matches only with the same
-values. Weights a generator packs (``ctx.packed_constant``) are packed again from the new
-node's own weights; other derived constants (offset tables) depend on the key alone.
+attributes; each operand's dtype and shape and whether it is a constant; which operands
+share a table slot (in place). A generator that reads a constant's values (``ctx.constant``:
+axes, zero points, a Resize's scales) makes the emission depend on them: the record keeps
+their digests, and a later node matches only with the same values. Weights a generator
+packs (``ctx.packed_constant``) are packed again from the new node's own weights; other
+derived constants (offset tables) depend on the key alone.
 
 Example:
     >>> memo = KernelMemo()                                 # doctest: +SKIP
@@ -29,9 +29,6 @@ import numpy as np
 
 from egraft.ir.graph import Graph, Node, content_hash
 
-#: Constants of at most this many elements are part of the key by value.
-SMALL_CONSTANT = 64
-
 
 @dataclass(frozen=True)
 class Emission:
@@ -41,7 +38,7 @@ class Emission:
         derived: the derived constants in the order the generator made them, each
             ``(tag, ("packed", PackedFrom, input index))`` (packed again from the new node's
             input) or ``(tag, ("array", array))`` (the same array: it depends on the key alone).
-        values_read: ``(input index, digest)`` of the larger constants whose values it read.
+        values_read: ``(input index, digest)`` of the constants whose values it read.
     """
 
     text: str
@@ -89,17 +86,13 @@ class KernelMemo:
                     operands.append(None)
                     continue
                 shape = None if v.type.shape is None else tuple(str(d) for d in v.type.shape)
-                value = None
-                if v.const is not None:
-                    array = np.asarray(graph.constants[v.const])
-                    value = content_hash(array) if array.size <= SMALL_CONSTANT else "large"
                 slot = slots.get(v.name)
                 alias = first_slot.setdefault(slot, len(first_slot)) if slot is not None else None
-                operands.append((role, v.type.dtype.short, shape, value, alias))
+                operands.append((role, v.type.dtype.short, shape, v.const is not None, alias))
         return (node.op, node.domain, opset, tuple(attrs), tuple(operands))
 
     def find(self, key: tuple | None, node: Node, graph: Graph) -> Emission | None:
-        """A recorded emission for ``key`` whose larger constants read match ``node``'s."""
+        """A recorded emission for ``key`` whose constants read by value match ``node``'s."""
         if key is None:
             return None
         for emission in self._records.get(key, ()):
@@ -131,11 +124,7 @@ class KernelMemo:
             else:
                 index = next(i for i, v in enumerate(node.inputs) if v is not None and v.const == made.source)
                 derived.append((tag, ("packed", made, index)))
-        read = []
-        for i in sorted(ctx.values_read):
-            array = np.asarray(graph.constants[node.inputs[i].const])
-            if array.size > SMALL_CONSTANT:
-                read.append((i, content_hash(array)))
+        read = [(i, content_hash(np.asarray(graph.constants[node.inputs[i].const]))) for i in sorted(ctx.values_read)]
         emission = Emission(text, tuple(roles[n] for n in ctx.operands),
                             tuple(sorted(roles[n] for n in ctx.table_names)), tuple(ctx.dim_operands),
                             ctx.parallel, tuple(ctx.broadcast_guards), tuple(derived), tuple(read))

@@ -983,6 +983,8 @@ def copy_view(ctx: KernelContext) -> None:
     outputs = [v for v in ctx.node.outputs if v is not None]
     if len(outputs) != 1 or ctx.node.outputs[0] is None:
         raise Unsupported("Dropout with its mask output has no generated code")
+    if ctx.node.op == "Dropout" and ctx.has_input(2):
+        ctx.constant(2)  # the code is for this training_mode only (a later Dropout reuses it on the same value)
     if ctx.node.op == "Dropout" and not dropout_is_identity(ctx.node, ctx.opset, ctx.graph.constants):
         raise Unsupported("Dropout in training mode (random) has no generated code")
     _same_dtype(ctx)
