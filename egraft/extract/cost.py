@@ -85,9 +85,9 @@ class CostModel:
     def table(self, snapshot: Snapshot) -> dict[int, list[float]]:
         """The cost of every e-node: class -> costs in the order of ``snapshot.classes[c]``."""
         memo: dict[tuple, float] = {}
-        input_keys: dict[int, str] = {}  # e-class -> the text of its type as an input (printing dims is slow)
+        input_keys: dict[int, object] = {}  # e-class -> its type as an input
 
-        def input_key(ch: int) -> str:
+        def input_key(ch: int):
             k = input_keys.get(ch)
             if k is None:
                 k = input_keys[ch] = _type_key(None if snapshot.is_absent(ch) else snapshot.type_of(ch))
@@ -111,8 +111,9 @@ class CostModel:
         return out
 
 
-def _type_key(t) -> str:
-    return "" if t is None else str(t)
+def _type_key(t):
+    """A memo key for a type: the type itself (hashable; printing its dims is slow)."""
+    return t
 
 
 class NodeCount(CostModel):

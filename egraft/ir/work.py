@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from egraft.ir.dims import dim_function, evaluate_dim
@@ -125,17 +126,30 @@ def resolve_shape(t: TensorType | None, bindings: Mapping[str, int]) -> tuple[in
     if t is None or not isinstance(t, TensorType) or t.shape is None:
         return None
     out = []
+    key = None
     for d in t.shape:
-        try:
-            out.append(max(int(dim_function(d)(bindings)), 0))  # every symbol bound: the fast path
+        if isinstance(d, int):
+            out.append(max(d, 0))
             continue
-        except KeyError:
-            pass
-        d = evaluate_dim(d, bindings)
-        if not isinstance(d, int):
-            d = evaluate_dim(d, {s.name: default_dim(s.name) for s in d.free_symbols})
-        out.append(max(int(d), 0) if isinstance(d, int) else 1)
+        if key is None:
+            key = tuple(sorted(bindings.items()))
+        out.append(_resolved_dim(d, key))
     return tuple(out)
+
+
+@lru_cache(maxsize=65536)
+def _resolved_dim(d, bindings: tuple[tuple[str, int], ...]) -> int:
+    """A symbolic dim as an int under ``bindings``, the unbound symbols at :func:`default_dim`
+    (memoized: extraction prices every e-node, and the same dims recur on all of them)."""
+    values = dict(bindings)
+    try:
+        return max(int(dim_function(d)(values)), 0)  # every symbol bound: the fast path
+    except KeyError:
+        pass
+    d = evaluate_dim(d, values)
+    if not isinstance(d, int):
+        d = evaluate_dim(d, {s.name: default_dim(s.name) for s in d.free_symbols})
+    return max(int(d), 0) if isinstance(d, int) else 1
 
 
 def op_work(op: str, domain: str, attrs: Mapping[str, Any], inputs: Sequence[TensorType | None],

@@ -134,13 +134,16 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     iteration = 0
     tracing = trace.enabled("rules")
     deadline, out_of_time = start + budget.seconds, False
+    # seconds egglog takes per queued command at the end of a round (the last round's rate):
+    # a round stops matching early enough for its queue to be sent within the deadline
+    flush_rate = 0.0
     for iteration in range(1, budget.iterations + 1):
         changed = False
         any_banned = False
         matcher = Matcher(snapshot, opset)
         evaluator = Evaluator(state, snapshot, opset, fresh)
         for rule in rules:
-            if time.perf_counter() > deadline:
+            if time.perf_counter() + flush_rate * len(state.pending) > deadline:
                 out_of_time = True  # the rest of the round waits: any subset of the rewrites is sound
                 break
             name = rule.name
@@ -190,7 +193,10 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                     trace.emit("rules", f"{name}: round {iteration}, e-class {classes}")
                 changed = True
             stats[name].seconds += time.perf_counter() - t0
+        queued, t0 = len(state.pending), time.perf_counter()
         state.flush()
+        if queued:
+            flush_rate = (time.perf_counter() - t0) / queued
         snapshot = state.snapshot()
         now_const = {snapshot.class_ref[c] for c in snapshot.const_class}
         newly_const = now_const - const_refs

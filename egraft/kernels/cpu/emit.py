@@ -136,15 +136,22 @@ class PackedFrom:
 
     def unpack(self, packed, shape: tuple, dtype) -> np.ndarray:
         """The weight (of ``shape`` and ``dtype``) that ``packed`` was packed from, for a
-        gather packing: the packing applied to the weight's own indices (as two exact
-        float32 halves) says where each element went."""
+        gather packing: the packing applied to the weight's own indices (plus one, as
+        float32 while that is exact, else as two exact halves; padding reads 0) says where
+        each element went."""
         if not self.gather:
             raise ValueError(f"packing {self.packing!r} is not a gather: its weight cannot be unpacked")
-        index = np.arange(int(np.prod(shape)), dtype=np.int64)
+        size = int(np.prod(shape))
+        weight = np.empty(size, np.dtype(dtype))
+        if size < 2**24:  # every index + 1 is exact in float32: one packing says where each went
+            where = self.apply(np.arange(1, size + 1, dtype=np.float32).reshape(shape))
+            present = where != 0
+            weight[where[present].astype(np.int64) - 1] = np.asarray(packed)[present]
+            return weight.reshape(shape)
+        index = np.arange(size, dtype=np.int64)
         low = self.apply((index % 4096).astype(np.float32).reshape(shape))
         high = self.apply((index // 4096).astype(np.float32).reshape(shape))
         present = self.apply(np.ones(shape, np.float32)) != 0
-        weight = np.empty(index.size, np.dtype(dtype))
         weight[high[present].astype(np.int64) * 4096 + low[present].astype(np.int64)] = np.asarray(packed)[present]
         return weight.reshape(shape)
 
