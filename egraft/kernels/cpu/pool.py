@@ -34,7 +34,15 @@ from llvmlite import ir
 from egraft.ir.ops.nn_spatial import _pool_window, _Window, _window_counts
 from egraft.kernels.cpu import pool_symbolic, register_kernel
 from egraft.kernels.cpu.conv import affine, const64, constant_table, output_range, tap_range, vector_pointer
-from egraft.kernels.cpu.emit import KernelContext, Unsupported, is_float, llvm_type, splat
+from egraft.kernels.cpu.emit import (
+    KernelContext,
+    Unsupported,
+    is_float,
+    llvm_type,
+    masked_load,
+    masked_store,
+    splat,
+)
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Float flags that let LLVM reorder a sum (vectorized reductions).
@@ -153,19 +161,22 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
             return b.gep(ptr, [index])
         return vector_pointer(b, ptr, b.mul(index, const64(geo.lanes)), geo.lanes)
 
-    # the interior columns (every tap inside the input) go a vector of outputs at a time
+    # the interior columns (every tap inside the input) go a vector of outputs at a time, the
+    # last, partial vector with its lanes past the interior masked off
     width = host_vector_bits() // (8 * (4 if t == ir.FloatType() else 8))
     ranges = [geo.column_range(kw) for kw in range(geo.k_w)]
     vector_lo, vector_hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
     if geo.stride_w > 3 or geo.dil_w != 1 or vector_hi - vector_lo < width or geo.lanes > 1:
         vector_lo = vector_hi = 0
-    vector_hi = vector_lo + (vector_hi - vector_lo) // width * width
+    vectors, rest = divmod(vector_hi - vector_lo, width)
     planes_lo, planes_hi = ctx.share(ctx.dim(geo.batch_channels))  # planes are independent: split over threads
     with ctx.loop(planes_hi, name="nc", start=planes_lo) as nc:
         with ctx.loop(geo.out_h, name="oh") as oh:
             y_row = affine(b, [(nc, geo.out_h * geo.out_w), (oh, geo.out_w)])
-            with ctx.loop(geo.out_w, name="ow0") as ow:
-                b.store(first, element(y, b.add(y_row, ow)), align=4)
+            for init_lo, init_hi in ((0, vector_lo), (vector_hi, geo.out_w)):  # the columns the vectors leave
+                if init_hi > init_lo:
+                    with ctx.loop(init_hi, name="ow0", start=init_lo) as ow:
+                        b.store(first, element(y, b.add(y_row, ow)), align=4)
             lo, hi = b.load(b.gep(kh_lo, [oh])), b.load(b.gep(kh_hi, [oh]))
 
             def x_row_at(kh: ir.Value) -> ir.Value:
@@ -184,24 +195,44 @@ def emit_window_pool(ctx: KernelContext, t: ir.Type, geo: PoolGeometry, start: f
                             out = element(y, b.add(y_row, ow))
                             value = b.load(element(x, b.add(x_tap, affine(b, [(ow, geo.stride_w)]))), align=4)
                             b.store(combine(b, ctx.math, b.load(out, align=4), value), out, align=4)
-            if vector_hi > vector_lo:  # interior columns, a vector of outputs at a time, every tap inside
+            if vector_hi > vector_lo:
                 vt = ir.VectorType(t, width)
-                wide = ir.VectorType(t, (width - 1) * geo.stride_w + 1)  # not one element past the last tap
                 every = ir.Constant(ir.VectorType(ir.IntType(32), width), [i * geo.stride_w for i in range(width)])
                 acc = ctx.alloca(vt, name="pool.acc")
-                with ctx.loop((vector_hi - vector_lo) // width, name="ov") as v:
-                    ow0 = b.add(const64(vector_lo), b.mul(v, const64(width)))
+
+                def taps_mask(outputs: int) -> ir.Constant:
+                    """The lanes of a tap's ``stride * width`` wide load that ``outputs`` outputs read."""
+                    span = (outputs - 1) * geo.stride_w + 1
+                    return ir.Constant(ir.VectorType(ir.IntType(1), width * geo.stride_w),
+                                       [int(i < span) for i in range(width * geo.stride_w)])
+
+                def vector_of_outputs(ow0: ir.Value, outputs: int) -> None:
                     b.store(ir.Constant(vt, [start] * width), acc)
                     with ctx.loop(hi, name="khv", start=lo) as kh:
                         x_row = x_row_at(kh)
                         for kw in range(geo.k_w):
                             src = b.add(b.add(x_row, const64(kw * geo.dil_w - geo.pad_w)),
                                         b.mul(ow0, const64(geo.stride_w)))
-                            lanes = b.load(b.bitcast(b.gep(x, [src]), wide.as_pointer()), align=4)
-                            if geo.stride_w > 1:
-                                lanes = b.shuffle_vector(lanes, ir.Constant(wide, None), every)
+                            if geo.stride_w == 1 and outputs == width:
+                                lanes = b.load(b.bitcast(b.gep(x, [src]), vt.as_pointer()), align=4)
+                            else:  # whole registers, the lanes past the last tap never read
+                                lanes = masked_load(b, x, src, taps_mask(outputs))
+                                if geo.stride_w > 1:
+                                    wide = lanes.type
+                                    lanes = b.shuffle_vector(lanes, ir.Constant(wide, None), every)
                             b.store(combine(b, ctx.math, b.load(acc), lanes), acc)
-                    b.store(b.load(acc), b.bitcast(b.gep(y, [b.add(y_row, ow0)]), vt.as_pointer()), align=4)
+                    if outputs == width:
+                        b.store(b.load(acc), b.bitcast(b.gep(y, [b.add(y_row, ow0)]), vt.as_pointer()), align=4)
+                    else:
+                        mask = ir.Constant(ir.VectorType(ir.IntType(1), width),
+                                           [int(i < outputs) for i in range(width)])
+                        masked_store(b, b.load(acc), y, b.add(y_row, ow0), mask)
+
+                if vectors:
+                    with ctx.loop(vectors, name="ov") as v:
+                        vector_of_outputs(b.add(const64(vector_lo), b.mul(v, const64(width))), width)
+                if rest:
+                    vector_of_outputs(const64(vector_lo + vectors * width), rest)
             if count_table is not None:
                 count_row = b.mul(oh, const64(geo.out_w))
                 with ctx.loop(geo.out_w, name="ow1") as ow:

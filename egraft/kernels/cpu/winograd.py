@@ -75,6 +75,33 @@ def chunk_rows(geo, threads_hint: int = 2) -> int | None:
     return max(rows, 1)
 
 
+def tile_layout(geo) -> tuple[int, int, int] | None:
+    """``(rows per chunk, chunks, ld)`` of ``geo``'s tiles: ``ld`` is the row stride of V and
+    M, a chunk's tiles rounded up to whole vectors plus one (room for a spilled vector). The
+    products run over ``chunks * ld`` tile columns, however many tiles are real: the cost
+    model prices those (:func:`padded_tiles`). ``None`` when not even one tile row fits."""
+    rows = chunk_rows(geo)
+    if rows is None:
+        return None
+    vw = blocking().vw
+    tiles_h, tiles_w = -(-geo.out_h // 2), -(-geo.out_w // 2)
+    return rows, -(-tiles_h // rows), -(-rows * tiles_w // vw) * vw + vw
+
+
+def padded_tiles(out_h: int, out_w: int, channels: int, out_channels: int) -> int | None:
+    """The tile columns the products of a Winograd convolution with these sizes run over (a
+    13x13 output has 49 tiles; with 16 lanes, two chunks of 48 columns: 96).
+
+    Example:
+        >>> padded_tiles(56, 56, 64, 64) >= 28 * 28
+        True
+    """
+    from types import SimpleNamespace
+
+    layout = tile_layout(SimpleNamespace(out_h=out_h, out_w=out_w, channels=channels, out_channels=out_channels))
+    return None if layout is None else layout[1] * layout[2]
+
+
 def fits(ctx: KernelContext, geo, activation: str) -> bool:
     """Whether the Winograd kernel computes this node (fp32, constant weights, a 2-D 3x3
     stride-1 one-group conv, an activation the products' library form takes)."""
@@ -146,9 +173,7 @@ def emit_winograd(ctx: KernelContext, geo, bias: int | None, activation: str, pa
     vec = _Vectors(ctx, vw)
     c_in, c_out = geo.channels, geo.out_channels
     tiles_h, tiles_w = -(-geo.out_h // 2), -(-geo.out_w // 2)
-    rows_per_chunk = chunk_rows(geo)
-    chunks = -(-tiles_h // rows_per_chunk)
-    ld = -(-rows_per_chunk * tiles_w // vw) * vw + vw  # row stride of V and M (room for a spilled vector)
+    rows_per_chunk, chunks, ld = tile_layout(geo)
     groups = -(-tiles_w // vw)
 
     u_ptr, packed = ctx.packed_constant("packed_u", "winograd.packed_u", 1, mr=blk.mr)
@@ -261,4 +286,4 @@ def _output_transform(ctx, vec: _Vectors, geo, y_image, m_base, bias_ptr, activa
                         vec.masked_store(vec.interleave(*pair), channel, b.add(b.mul(row, out_w), ox), mask)
 
 
-__all__ = ["WINOGRAD_BYTES", "pack_filters", "chunk_rows", "fits", "emit_winograd"]
+__all__ = ["WINOGRAD_BYTES", "pack_filters", "chunk_rows", "tile_layout", "padded_tiles", "fits", "emit_winograd"]
