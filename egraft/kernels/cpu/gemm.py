@@ -37,7 +37,7 @@ from llvmlite import ir
 from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
-from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, imin, is_float, llvm_type
+from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, imin, is_float, llvm_type, splat
 from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN, BIAS_PER_ROW, Epilogue, blocking, emit_call
 
 #: Output columns per cache block of the axpy form (a block of ``b`` is BLOCK_K x BLOCK_N).
@@ -550,8 +550,13 @@ def attention(ctx: KernelContext) -> None:
     scores = heap_buffer(ctx, t, t_)
     best, total = ctx.alloca(t, name="max"), ctx.alloca(t, name="sum")
     strides = [st[:-2] for st in (q, kt, v, mask, out)]
+    rows_lo, rows_hi = ctx.share(ctx.dim(s_len))  # query rows are independent: split over threads
+    # the output row in registers (vectors of 8) when Dv is known and V's rows are contiguous
+    lanes = 8
+    registers = isinstance(dv_len, int) and dv_len % lanes == 0 and dv_len <= 16 * lanes and dim_is(v[-1], 1) \
+        and dim_is(out[-1], 1) and t == F32
     with strided_loops(ctx, batch, strides) as (q_off, kt_off, v_off, mask_off, out_off):
-        with ctx.loop(ctx.dim(s_len), name="s") as s:
+        with ctx.loop(rows_hi, name="s", start=rows_lo) as s:
             q_row = offset_of(ctx, q_off, (s, q[-2]))
             with ctx.loop(t_, name="t0") as j:
                 store_at(ctx, zero, scores, j)
@@ -574,17 +579,35 @@ def attention(ctx: KernelContext) -> None:
                 e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
                 store_at(ctx, e, scores, j)
                 bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
-            with ctx.loop(t_, name="t4") as j:
-                store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
             out_row = offset_of(ctx, out_off, (s, out[-2]))
-            dv_ = ctx.dim(dv_len)
-            with ctx.loop(dv_, name="v0") as c:
-                store_at(ctx, zero, py, bld.add(out_row, c))
-            with ctx.loop(t_, name="t5") as j:
-                p = load_at(ctx, scores, j)
-                v_row = offset_of(ctx, v_off, (j, v[-2]))
-                with ctx.loop(dv_, name="v1") as c:
-                    where = bld.add(out_row, c)
-                    acc = load_at(ctx, py, where)
-                    store_at(ctx, _fma(ctx, p, load_at(ctx, pv, offset_of(ctx, v_row, (c, v[-1]))), acc), py, where)
+            if registers:  # sum p_j * V[j] unnormalized in registers, then one multiply by 1 / total
+                vt = ir.VectorType(t, lanes)
+                slots = [ctx.alloca(vt, name=f"out{k}") for k in range(dv_len // lanes)]
+                for slot in slots:
+                    bld.store(ir.Constant(vt, [0.0] * lanes), slot)
+                with ctx.loop(t_, name="t5") as j:
+                    p = splat(bld, load_at(ctx, scores, j), lanes)
+                    v_row = offset_of(ctx, v_off, (j, v[-2]))
+                    for k, slot in enumerate(slots):
+                        at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * lanes))])
+                        vv = bld.load(bld.bitcast(at, vt.as_pointer()), align=4)
+                        bld.store(_fma(ctx, p, vv, bld.load(slot)), slot)
+                inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), lanes)
+                for k, slot in enumerate(slots):
+                    at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * lanes))])
+                    bld.store(bld.fmul(bld.load(slot), inverse), bld.bitcast(at, vt.as_pointer()), align=4)
+            else:
+                with ctx.loop(t_, name="t4") as j:
+                    store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
+                dv_ = ctx.dim(dv_len)
+                with ctx.loop(dv_, name="v0") as c:
+                    store_at(ctx, zero, py, bld.add(out_row, c))
+                with ctx.loop(t_, name="t5") as j:
+                    p = load_at(ctx, scores, j)
+                    v_row = offset_of(ctx, v_off, (j, v[-2]))
+                    with ctx.loop(dv_, name="v1") as c:
+                        where = bld.add(out_row, c)
+                        acc = load_at(ctx, py, where)
+                        store_at(ctx, _fma(ctx, p, load_at(ctx, pv, offset_of(ctx, v_row, (c, v[-1]))), acc), py,
+                                 where)
     heap_free(ctx, scores)
