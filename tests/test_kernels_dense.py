@@ -356,6 +356,9 @@ def test_fused_gelu(approximate):
     ((3, 4, 8), (8, 5), (5, 6), (3, 1, 5), (3, 4, 6)),
     ((4, 8), (2, 8, 5), (5, 6), None, (2, 4, 6)),
     ((1, 2, 7, 16), (1, 2, 16, 9), (1, 2, 9, 16), (1, 1, 1, 9), (1, 2, 7, 16)),
+    # keys a block of four vectors, one more vector and 5 one at a time; Dv of two vectors
+    ((1, 3, 6, 12), (1, 3, 12, 45), (1, 3, 45, 16), (6, 45), (1, 3, 6, 16)),
+    ((2, 5, 32), (2, 32, 64), (2, 64, 8), (2, 1, 64), (2, 5, 8)),
 ])
 def test_fused_attention(q_shape, kt_shape, v_shape, mask_shape, out_shape):
     q, kt, v = _f32(*q_shape), _f32(*kt_shape), _f32(*v_shape)
@@ -419,3 +422,17 @@ def test_layer_normalization_of_a_constant_row_is_exactly_zero():
     for got in (egraft.load(model).run({"x": x})["y"], compile_graph(egraft.load(model)).run({"x": x})["y"]):
         np.testing.assert_array_equal(got[[0, 2, 3]], 0.0)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_fused_attention_row_with_a_nan_score_is_nan_and_others_are_not():
+    """A NaN in one query's scores (a NaN in Q) makes that row's outputs NaN, as the
+    reference softmax does; the vectorized row max may skip it, its exp still reaches the sum."""
+    q, kt, v = _f32(1, 2, 4, 8), _f32(1, 2, 8, 40), _f32(1, 2, 40, 16)
+    q[0, 1, 2, 3] = np.nan
+    got = _run_fused("Attention", {"Q": q, "Kt": kt, "V": v}, (1, 2, 4, 16), scale=0.5)
+    assert np.isnan(got[0, 1, 2]).all()
+    assert not np.isnan(np.delete(got.reshape(8, 16), 6, axis=0)).any()
+    s = q.astype(np.float64) @ kt * 0.5
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(np.nan_to_num(got, nan=7.0), np.nan_to_num(want, nan=7.0), rtol=1e-5, atol=1e-5)

@@ -555,47 +555,68 @@ def attention(ctx: KernelContext) -> None:
     lanes = 8
     registers = isinstance(dv_len, int) and dv_len % lanes == 0 and dv_len <= 16 * lanes and dim_is(v[-1], 1) \
         and dim_is(out[-1], 1) and t == F32
+    # the scores a vector of keys at a time when Kt's rows are contiguous and D is known
+    vector_scores = t == F32 and isinstance(d_len, int) and d_len <= 128 and dim_is(kt[-1], 1) \
+        and (pm is None or dim_is(mask[-1], 1) or dim_is(mask[-1], 0))
     with strided_loops(ctx, batch, strides) as (q_off, kt_off, v_off, mask_off, out_off):
         with ctx.loop(rows_hi, name="s", start=rows_lo) as s:
             q_row = offset_of(ctx, q_off, (s, q[-2]))
-            with ctx.loop(t_, name="t0") as j:
-                store_at(ctx, zero, scores, j)
-            with ctx.loop(ctx.dim(d_len), name="d") as d:
-                qv = load_at(ctx, pq, offset_of(ctx, q_row, (d, q[-1])))
-                kt_row = offset_of(ctx, kt_off, (d, kt[-2]))
-                with ctx.loop(t_, name="t1") as j:
-                    acc = load_at(ctx, scores, j)
-                    store_at(ctx, _fma(ctx, qv, load_at(ctx, pk, offset_of(ctx, kt_row, (j, kt[-1]))), acc), scores, j)
-            bld.store(ir.Constant(t, float("-inf")), best)
             mask_row = offset_of(ctx, mask_off, (s, mask[-2]))
-            with ctx.loop(t_, name="t2") as j:
-                x = bld.fmul(load_at(ctx, scores, j), scale)
-                if pm is not None:
-                    x = bld.fadd(x, load_at(ctx, pm, offset_of(ctx, mask_row, (j, mask[-1]))))
-                store_at(ctx, x, scores, j)
-                bld.store(ctx.math.maximum(bld.load(best), x), best)
-            bld.store(zero, total)
-            with ctx.loop(t_, name="t3") as j:
-                e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
-                store_at(ctx, e, scores, j)
-                bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
+            if vector_scores:
+                _vector_softmax_scores(ctx, t, lanes, scores, t_, (pq, q_row, q[-1], d_len), (pk, kt_off, kt[-2]),
+                                       (pm, mask_row, mask[-1]), scale, best, total)
+            else:
+                with ctx.loop(t_, name="t0") as j:
+                    store_at(ctx, zero, scores, j)
+                with ctx.loop(ctx.dim(d_len), name="d") as d:
+                    qv = load_at(ctx, pq, offset_of(ctx, q_row, (d, q[-1])))
+                    kt_row = offset_of(ctx, kt_off, (d, kt[-2]))
+                    with ctx.loop(t_, name="t1") as j:
+                        acc = load_at(ctx, scores, j)
+                        key = load_at(ctx, pk, offset_of(ctx, kt_row, (j, kt[-1])))
+                        store_at(ctx, _fma(ctx, qv, key, acc), scores, j)
+                bld.store(ir.Constant(t, float("-inf")), best)
+                with ctx.loop(t_, name="t2") as j:
+                    x = bld.fmul(load_at(ctx, scores, j), scale)
+                    if pm is not None:
+                        x = bld.fadd(x, load_at(ctx, pm, offset_of(ctx, mask_row, (j, mask[-1]))))
+                    store_at(ctx, x, scores, j)
+                    bld.store(ctx.math.maximum(bld.load(best), x), best)
+                bld.store(zero, total)
+                with ctx.loop(t_, name="t3") as j:
+                    e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
+                    store_at(ctx, e, scores, j)
+                    bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
             out_row = offset_of(ctx, out_off, (s, out[-2]))
             if registers:  # sum p_j * V[j] unnormalized in registers, then one multiply by 1 / total
                 vt = ir.VectorType(t, lanes)
-                slots = [ctx.alloca(vt, name=f"out{k}") for k in range(dv_len // lanes)]
-                for slot in slots:
+                width = dv_len // lanes
+                copies = max(1, 8 // width)  # keys per step, each into its own accumulators (latency)
+                slots = [[ctx.alloca(vt, name=f"out{c}_{k}") for k in range(width)] for c in range(copies)]
+                for slot in (x for per_copy in slots for x in per_copy):
                     bld.store(ir.Constant(vt, [0.0] * lanes), slot)
-                with ctx.loop(t_, name="t5") as j:
+
+                def add_key(j: ir.Value, into: list) -> None:
                     p = splat(bld, load_at(ctx, scores, j), lanes)
                     v_row = offset_of(ctx, v_off, (j, v[-2]))
-                    for k, slot in enumerate(slots):
+                    for k, slot in enumerate(into):
                         at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * lanes))])
                         vv = bld.load(bld.bitcast(at, vt.as_pointer()), align=4)
                         bld.store(_fma(ctx, p, vv, bld.load(slot)), slot)
+
+                steps = bld.sdiv(t_, ir.Constant(I64, copies))
+                with ctx.loop(steps, name="t5") as jj:
+                    for c in range(copies):
+                        add_key(bld.add(bld.mul(jj, ir.Constant(I64, copies)), ir.Constant(I64, c)), slots[c])
+                with ctx.loop(t_, name="t6", start=bld.mul(steps, ir.Constant(I64, copies))) as j:
+                    add_key(j, slots[0])
                 inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), lanes)
-                for k, slot in enumerate(slots):
+                for k in range(width):
+                    value = bld.load(slots[0][k])
+                    for c in range(1, copies):
+                        value = bld.fadd(value, bld.load(slots[c][k]))
                     at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * lanes))])
-                    bld.store(bld.fmul(bld.load(slot), inverse), bld.bitcast(at, vt.as_pointer()), align=4)
+                    bld.store(bld.fmul(value, inverse), bld.bitcast(at, vt.as_pointer()), align=4)
             else:
                 with ctx.loop(t_, name="t4") as j:
                     store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
@@ -611,3 +632,92 @@ def attention(ctx: KernelContext) -> None:
                         store_at(ctx, _fma(ctx, p, load_at(ctx, pv, offset_of(ctx, v_row, (c, v[-1]))), acc), py,
                                  where)
     heap_free(ctx, scores)
+
+def _vector_softmax_scores(ctx: KernelContext, t: ir.Type, lanes: int, scores: ir.Value, t_: ir.Value, q_row,
+                           kt_rows, mask_row, scale: ir.Value, best: ir.Value, total: ir.Value) -> None:
+    """One query row's ``exp(scale * q @ Kt + mask - max)`` into ``scores`` (T floats), the max
+    into ``best`` and the sum into ``total``: ``lanes`` keys at a time (the dot products over
+    D accumulated in a register, one broadcast of q[d] and one load of Kt's row d each), the
+    keys past the last whole vector one at a time. The max may skip a NaN score: the NaN
+    reaches the sum through its own exp, and every output of the row is NaN as it must be."""
+    bld = ctx.builder
+    pq, q_at, q_step, d_len = q_row
+    pk, kt_at, kt_row_stride = kt_rows
+    pm, mask_at, mask_step = mask_row
+    vt = ir.VectorType(t, lanes)
+    qs = [load_at(ctx, pq, offset_of(ctx, q_at, (ir.Constant(I64, d), q_step))) for d in range(d_len)]
+    vectors = bld.sdiv(t_, ir.Constant(I64, lanes))
+    vbest = ctx.alloca(vt, name="vmax")
+    bld.store(ir.Constant(vt, [float("-inf")] * lanes), vbest)
+
+    def keys(j0: ir.Value, width: int, count: int = 1) -> list[ir.Value]:
+        """The scaled, masked scores of ``count`` groups of ``width`` keys from ``j0`` (vectors,
+        or scalars when ``width`` is 1): ``count`` independent multiply-add chains over D."""
+        zero_acc = ir.Constant(vt, [0.0] * lanes) if width > 1 else ir.Constant(t, 0.0)
+        accs = [zero_acc] * count
+        starts = [bld.add(j0, ir.Constant(I64, u * width)) for u in range(count)]
+        for d in range(d_len):
+            row = offset_of(ctx, kt_at, (ir.Constant(I64, d), kt_row_stride))
+            q_d = splat(bld, qs[d], lanes) if width > 1 else qs[d]
+            for u in range(count):
+                at = bld.gep(pk, [bld.add(row, starts[u])])
+                key = bld.load(bld.bitcast(at, vt.as_pointer()), align=4) if width > 1 else bld.load(at)
+                accs[u] = _fma(ctx, q_d, key, accs[u])
+        out = []
+        for u in range(count):
+            x = bld.fmul(accs[u], splat(bld, scale, lanes) if width > 1 else scale)
+            if pm is not None:
+                if dim_is(mask_step, 0):
+                    m = load_at(ctx, pm, mask_at)
+                    m = splat(bld, m, lanes) if width > 1 else m
+                else:
+                    at = bld.gep(pm, [bld.add(mask_at, starts[u])])
+                    m = bld.load(bld.bitcast(at, vt.as_pointer()), align=4) if width > 1 else bld.load(at)
+                x = bld.fadd(x, m)
+            out.append(x)
+        return out
+
+    def vector_block(j0: ir.Value, count: int) -> None:
+        for u, x in enumerate(keys(j0, lanes, count)):
+            at = bld.gep(scores, [bld.add(j0, ir.Constant(I64, u * lanes))])
+            bld.store(x, bld.bitcast(at, vt.as_pointer()), align=4)
+            bld.store(_larger(bld, bld.load(vbest), x), vbest)
+
+    unroll = 4  # vectors of keys per step: independent chains hide the multiply-add latency
+    blocks = bld.sdiv(vectors, ir.Constant(I64, unroll))
+    with ctx.loop(blocks, name="kb") as jb:
+        vector_block(bld.mul(jb, ir.Constant(I64, unroll * lanes)), unroll)
+    with ctx.loop(vectors, name="kv", start=bld.mul(blocks, ir.Constant(I64, unroll))) as jv:
+        vector_block(bld.mul(jv, ir.Constant(I64, lanes)), 1)
+    folded = bld.load(vbest)
+    value = bld.extract_element(folded, ir.Constant(ir.IntType(32), 0))
+    for i in range(1, lanes):
+        value = _larger(bld, value, bld.extract_element(folded, ir.Constant(ir.IntType(32), i)))
+    bld.store(value, best)
+    with ctx.loop(t_, name="kt", start=bld.mul(vectors, ir.Constant(I64, lanes))) as j:
+        x = keys(j, 1)[0]
+        store_at(ctx, x, scores, j)
+        bld.store(_larger(bld, bld.load(best), x), best)
+    vsum = ctx.alloca(vt, name="vsum")
+    bld.store(ir.Constant(vt, [0.0] * lanes), vsum)
+    top = splat(bld, bld.load(best), lanes)
+    with ctx.loop(vectors, name="ev") as jv:
+        at = bld.bitcast(bld.gep(scores, [bld.mul(jv, ir.Constant(I64, lanes))]), vt.as_pointer())
+        e = ctx.math.exp(bld.fsub(bld.load(at, align=4), top))
+        bld.store(e, at, align=4)
+        bld.store(bld.fadd(bld.load(vsum), e), vsum)
+    folded = bld.load(vsum)
+    value = bld.extract_element(folded, ir.Constant(ir.IntType(32), 0))
+    for i in range(1, lanes):
+        value = bld.fadd(value, bld.extract_element(folded, ir.Constant(ir.IntType(32), i)))
+    bld.store(value, total)
+    with ctx.loop(t_, name="et", start=bld.mul(vectors, ir.Constant(I64, lanes))) as j:
+        e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
+        store_at(ctx, e, scores, j)
+        bld.store(bld.fadd(bld.load(total), e), total)
+
+
+def _larger(bld: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``max(a, b)`` by one compare and blend (a NaN may be skipped: see :func:`_vector_softmax_scores`)."""
+    return bld.select(bld.fcmp_ordered(">", b, a), b, a)
+
