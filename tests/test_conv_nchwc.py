@@ -119,6 +119,47 @@ def test_matches_onnxruntime(label, x_shape, out_channels, attrs, with_bias):
     assert_matches_at_1_and_2_threads(compiled, xb, want)
 
 
+NCHW_INPUT_CASES = [
+    ("ResNet's 7x7 stride 2 on RGB", (1, 3, 37, 35), 64, (7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ("3x3 stride 2 no pad on RGB, M = 24", (1, 3, 29, 30), 24, (3, 3), {"strides": [2, 2]}),
+    ("one channel, 3x3 pad 1, batch 2", (2, 1, 11, 13), 16, (3, 3), {"pads": [1, 1, 1, 1]}),
+    ("seven channels, 5x5 uneven pads, M = 8", (1, 7, 9, 17), 8, (5, 5), {"pads": [2, 0, 1, 2]}),
+    ("RGB 1x1", (1, 3, 6, 19), 16, (1, 1), {}),
+]
+
+
+@pytest.mark.parametrize("label, x_shape, out_channels, kernel, attrs", NCHW_INPUT_CASES,
+                         ids=[c[0] for c in NCHW_INPUT_CASES])
+def test_an_nchw_input_of_few_channels_is_read_in_place(label, x_shape, out_channels, kernel, attrs):
+    """ConvNCHWc on an NCHW input (C < 8, an image's channels): the blocked kernel broadcasts
+    each channel from its plane and blocks the output; padded taps read zeros; at 1 and 2
+    threads, with and without a bias, against onnxruntime's Conv."""
+    x, w = randn(*x_shape), randn(out_channels, x_shape[1], *kernel)
+    for b in (randn(out_channels), None):
+        compiled = compiled_kernel(nchwc_model(w, b, attrs, list(x.shape)))
+        assert_matches_at_1_and_2_threads(compiled, x, reference(x, w, b, attrs))
+
+
+def test_rgb_convolutions_take_the_nchw_input_kernel():
+    """The layout rules give an image's first convolution (3 channels, 64 filters, a 96-pixel
+    image) the blocked kernel on its NCHW input, with no LayoutToBlocked before it, and the
+    output matches onnxruntime."""
+    w, b = randn(64, 3, 3, 3), randn(64)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 96, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    compiled = egraft.compile(model, use_cache=False, specialize="off")
+    ops = [s.node.op for s in compiled.steps if s.kind == "kernel"]
+    assert ops == ["ConvNCHWc", "LayoutFromBlocked"], ops
+    x = randn(1, 3, 96, 96)
+    want = run_onnxruntime(model, {"x": x})["y"]
+    assert scale_relative_error(compiled.run({"x": x})["y"], want) <= 1e-5
+
+
 def test_symbolic_batch():
     w, b = randn(16, 8, 3, 3), randn(16)
     attrs = {"pads": [1, 1, 1, 1]}

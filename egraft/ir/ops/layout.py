@@ -276,13 +276,20 @@ register_op(
 
 
 # ---- ConvNCHWc ----------------------------------------------------------------------------------
+def _nchw_input(xb_rank: int, w_rank: int | None) -> bool:
+    """Whether ConvNCHWc's input is NCHW (``[N, C, *S]``, the rank of W) rather than blocked."""
+    return w_rank is not None and xb_rank == w_rank
+
+
 def _conv_nchwc_infer(ctx: InferContext) -> list[TensorType]:
     dtype = same_float_dtype(ctx)
     _check_activation(ctx)
     block = _block(ctx)
-    xb = _shape_of(ctx, 0, 4, "Xb [N, C/block, *S, block]")
+    xb = _shape_of(ctx, 0, 3, "Xb [N, C/block, *S, block] or X [N, C, *S]")
+    w = ctx.types[1].shape
     try:
-        out = blocked_shape(_standard_conv_shape(ctx, unblocked_shape(xb, block)), block)
+        x = tuple(xb) if _nchw_input(len(xb), None if w is None else len(w)) else unblocked_shape(xb, block)
+        out = blocked_shape(_standard_conv_shape(ctx, x), block)
     except ValueError as e:
         raise fail(ctx, str(e)) from None
     _check_addend(ctx, 3, out, "Z")
@@ -290,10 +297,12 @@ def _conv_nchwc_infer(ctx: InferContext) -> list[TensorType]:
 
 
 def _conv_nchwc(ctx, xb, w, b=None, z=None):
-    """act(Conv(Xb, W, B) + Z) on blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]."""
+    """act(Conv(Xb, W, B) + Z) into blocked tensors: Xb [N, C/block, *S, block] (or an NCHW
+    X [N, C, *S]) -> [N, M/block, *S', block]."""
     block = _block(ctx)
     work = _work_dtype(xb.dtype)
-    y = conv_compute(ctx, _as_work(from_blocked(xb, block), work), _as_work(w, work), _as_work(b, work))[0]
+    x = xb if _nchw_input(xb.ndim, w.ndim) else from_blocked(xb, block)
+    y = conv_compute(ctx, _as_work(x, work), _as_work(w, work), _as_work(b, work))[0]
     y = _add_to(to_blocked(y, block), _as_work(z, work), "Z")
     return [_activate(ctx, y).astype(xb.dtype, copy=False)]
 
@@ -302,7 +311,9 @@ def _conv_nchwc_function(node) -> onnx.FunctionProto:
     body = _Body(node, ["Xb", "W", "B", "Z"])
     xb = _shape_for_export(node, 0)
     block = int(_node_attr(node, "block"))
-    y = body.conv(body.from_blocked("Xb", xb), keep_work=True)
+    w = node.inputs[1].type.shape
+    x = "Xb" if _nchw_input(len(xb), None if w is None else len(w)) else body.from_blocked("Xb", xb)
+    y = body.conv(x, keep_work=True)
     y = body.to_blocked(y, unblocked_shape(node.outputs[0].type.shape, block), block)
     return body.function(body.epilogue(y))
 
@@ -310,4 +321,5 @@ def _conv_nchwc_function(node) -> onnx.FunctionProto:
 register_op(
     "ConvNCHWc", domain=DOMAIN, attrs={**CONV_ATTR_SPECS, "block": _BLOCK_SPEC, **_activation_attrs()},
     infer=_conv_nchwc_infer, compute=_conv_nchwc, onnx_function=_conv_nchwc_function,
-    doc="act(Conv(Xb, W, B) + Z) on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]")
+    doc="act(Conv(Xb, W, B) + Z) on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]; "
+        "X may also be NCHW [N, C, *S] (an image's few channels, read as they are)")

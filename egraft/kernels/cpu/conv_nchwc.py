@@ -99,12 +99,27 @@ def unblocked_geometry(ctx: KernelContext) -> ConvGeometry:
     block = int(ctx.attr("block", BLOCK))
     if block != BLOCK:
         raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
-    if len(x_shape) != 5 or len(out_shape) != 5:
+    if len(x_shape) not in (4, 5) or len(out_shape) != 5:
         raise Unsupported("only 2-D blocked convolutions have generated code")
+    if nchw_input(ctx) and not (isinstance(x_shape[1], int) and x_shape[1] < BLOCK):
+        raise Unsupported(f"an NCHW input of {x_shape[1]} channels (the blocked kernel reads fewer than {BLOCK})")
     try:
-        return conv_geometry(ctx, unblocked_shape(x_shape, BLOCK), unblocked_shape(out_shape, BLOCK))
+        x = x_shape if nchw_input(ctx) else unblocked_shape(x_shape, BLOCK)
+        return conv_geometry(ctx, x, unblocked_shape(out_shape, BLOCK))
     except ValueError as e:
         raise Unsupported(str(e)) from None
+
+
+def nchw_input(ctx: KernelContext) -> bool:
+    """Whether the node's input is NCHW (``[N, C, H, W]``, C < 8: an image's channels, read
+    in place) rather than channel-blocked."""
+    return len(ctx.shape(ctx.in_type(0))) == 4
+
+
+def input_lanes(channels: int) -> int:
+    """The input channels one step of the kernel broadcasts: a block's 8, or all of an NCHW
+    input's fewer."""
+    return BLOCK if channels % BLOCK == 0 else channels
 
 
 def blocked_geometry(ctx: KernelContext) -> ConvGeometry:
@@ -195,7 +210,8 @@ def channel_tiles(out_channels: int) -> list[int]:
 def pack_weights(w: np.ndarray) -> np.ndarray:
     """ONNX weights ``[M, C, KH, KW]`` as the kernel reads them: per tile of output channels
     (:func:`channel_tiles`), ``[C/8][KH][KW][8][width]`` with ``width`` its channels (16, or 8
-    for a last one-vector tile), the tiles one after the other, flat.
+    for a last one-vector tile), the tiles one after the other, flat; with fewer than 8
+    input channels (an NCHW input), ``[1][KH][KW][C][width]``.
 
     Example: the first 16 floats are the weights of input channel 0, tap (0, 0), for
     output channels 0..15:
@@ -206,10 +222,11 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
     """
     w = np.asarray(w, np.float32)
     m, c, kh, kw = w.shape
+    lanes = input_lanes(c)  # an NCHW input's few channels: one block of them
     panels, first = [], 0
     for vectors in channel_tiles(m):
         width = vectors * BLOCK
-        tile = w[first:first + width].reshape(width, c // BLOCK, BLOCK, kh, kw)
+        tile = w[first:first + width].reshape(width, c // lanes, lanes, kh, kw)
         panels.append(np.ascontiguousarray(tile.transpose(1, 3, 4, 2, 0)).reshape(-1))
         first += width
     return np.concatenate(panels).astype(np.float32)
@@ -259,17 +276,24 @@ class NCHWcEmitter:
         self.activation, self.params = activation, list(params)
         self.vector = ir.VectorType(F32, BLOCK)
         self.x, self.y = ctx.in_ptr(0), ctx.out_ptr(0)
+        #: the input's layout: channels per step (``lanes``), elements between two of them
+        #: and between two pixels (blocked: 8, 1, 8; NCHW: C, H * W, 1), and input blocks
+        self.nchw = nchw_input(ctx)
+        self.lanes = input_lanes(geo.channels)
+        self.lane_stride = geo.in_h * geo.in_w if self.nchw else 1
+        self.pixel = 1 if self.nchw else BLOCK
+        self.in_blocks = max(1, geo.channels // BLOCK)
         self.w, packed = ctx.packed_constant("packed_w", "conv_nchwc.blocked", 1)
         #: the work items in row-major order (every channel tile of a row, then the next row)
         #: when all the weights stay in L2: each input row is then read once from memory
         self.rows_outer = packed.nbytes <= RESIDENT_WEIGHT_BYTES
         #: input blocks per chunk: the chunk's weights of a channel tile stay in L1 while the
         #: tiles of the item's rows run over them (partial sums go through the output)
-        chunk_bytes = geo.k_h * geo.k_w * BLOCK * TILE_VECTORS * BLOCK * 4
-        self.chunk_blocks = max(1, min(geo.channels // BLOCK, CHUNK_WEIGHT_BYTES // chunk_bytes))
+        chunk_bytes = geo.k_h * geo.k_w * self.lanes * TILE_VECTORS * BLOCK * 4
+        self.chunk_blocks = max(1, min(self.in_blocks, CHUNK_WEIGHT_BYTES // chunk_bytes))
         self.columns = plan_columns(geo)
         tiles_per_row = self.columns.loop_count + len(self.columns.edges)
-        chunked = self.chunk_blocks < geo.channels // BLOCK
+        chunked = self.chunk_blocks < self.in_blocks
         #: output rows per work item: enough tiles to reuse each chunk's weights (one row
         #: unchunked); when the weights outgrow L2, as many as leave MIN_ITEMS items, so that
         #: they are read from memory as few times as that allows
@@ -282,11 +306,12 @@ class NCHWcEmitter:
         self.kh_lo = constant_table(ctx, "kh_lo", [geo.row_taps(oh)[0] for oh in range(geo.out_h)])
         self.kh_hi = constant_table(ctx, "kh_hi", [geo.row_taps(oh)[1] for oh in range(geo.out_h)])
         taps = [(kh, kw) for kh in range(geo.k_h) for kw in range(geo.k_w)]
-        self.tap_offset = constant_table(ctx, "tap_offset", [(kh * geo.in_w + kw) * BLOCK for kh, kw in taps])
+        self.tap_offset = constant_table(ctx, "tap_offset", [(kh * geo.in_w + kw) * self.pixel for kh, kw in taps])
         self.tap_column = constant_table(ctx, "tap_column", [kw for _, kw in taps])
         self.zeros = constant_table(ctx, "zeros", [0.0] * BLOCK, F32)
         self.tiles = channel_tiles(geo.out_channels)
         self.panel = geo.channels * geo.k_h * geo.k_w  # floats of packed weights per output channel
+        self._outside: dict[int, ir.Value] = {}  # an NCHW padded pixel's pointer -> "outside the input"
 
     # -- the loop nest
     def emit(self) -> None:
@@ -314,10 +339,10 @@ class NCHWcEmitter:
     def emit_item(self, n: ir.Value, tile: ir.Value, rows: ir.Value, vectors: int) -> None:
         """Channel tile ``tile`` (of ``vectors`` blocks) over the output rows of row block
         ``rows``, one chunk of input blocks after the other."""
-        geo, b, ctx = self.geo, self.b, self.ctx
+        b, ctx = self.b, self.ctx
         block0 = b.mul(tile, const64(TILE_VECTORS))
         weights = b.gep(self.w, [b.mul(block0, const64(BLOCK * self.panel))])
-        in_blocks = geo.channels // BLOCK
+        in_blocks = self.in_blocks
         chunks = -(-in_blocks // self.chunk_blocks)
         if chunks == 1:
             self.emit_rows(n, block0, vectors, weights, rows, _Chunk(const64(0), const64(in_blocks), True, True))
@@ -354,10 +379,11 @@ class NCHWcEmitter:
         tile's first pixel reads (it may lie in the padding: the taps that would read there
         are not run, or read zeros)."""
         geo, b = self.geo, self.b
-        plane = geo.in_h * geo.in_w * BLOCK
-        terms = [(row.n, geo.channels // BLOCK * plane), (cb, plane), (row.oh, geo.stride_h * geo.in_w * BLOCK),
-                 (ow0, geo.stride_w * BLOCK)]
-        offset = affine(b, terms, -(geo.pad_h * geo.in_w + geo.pad_w) * BLOCK)
+        plane = geo.in_h * geo.in_w * BLOCK  # one input block (an NCHW input has one block)
+        image = geo.channels * geo.in_h * geo.in_w
+        terms = [(row.n, image), (cb, plane), (row.oh, geo.stride_h * geo.in_w * self.pixel),
+                 (ow0, geo.stride_w * self.pixel)]
+        offset = affine(b, terms, -(geo.pad_h * geo.in_w + geo.pad_w) * self.pixel)
         return b.gep(self.x, [offset])
 
     def output_at(self, row: _Row, ow0: ir.Value) -> ir.Value:
@@ -380,12 +406,23 @@ class NCHWcEmitter:
         """Where each pixel of the tile reads its 8 lanes at the current tap: ``x_tap`` plus
         the pixel's column, or the zero block for a padded pixel whose column is outside."""
         geo, b = self.geo, self.b
-        pointers = [b.gep(x_tap, [const64(j * geo.stride_w * BLOCK)]) for j in range(pixels)]
+        pointers = [b.gep(x_tap, [const64(j * geo.stride_w * self.pixel)]) for j in range(pixels)]
         for j in self.padded_pixels(first, pixels):
             column = b.add(kw, const64((first + j) * geo.stride_w - geo.pad_w))
             inside = b.icmp_unsigned("<", column, const64(geo.in_w))
-            pointers[j] = b.select(inside, pointers[j], self.zeros)
+            # a blocked pixel outside reads the block of zeros; an NCHW one reads the image's
+            # first element of each channel (inside the buffer), and pixel_value zeroes it
+            pointers[j] = b.select(inside, pointers[j], self.x if self.nchw else self.zeros)
+            if self.nchw:
+                self._outside[id(pointers[j])] = b.not_(inside)
         return pointers
+
+    def pixel_value(self, pointer: ir.Value, lane: int) -> ir.Value:
+        """Input channel ``lane`` of the pixel at ``pointer`` (0 for an NCHW pixel outside)."""
+        b = self.b
+        value = b.load(b.gep(pointer, [const64(lane * self.lane_stride)]))
+        outside = self._outside.get(id(pointer))
+        return value if outside is None else b.select(outside, ir.Constant(F32, 0.0), value)
 
     # -- one tile
     def emit_tile(self, row: _Row, ow0: ir.Value, pixels: int, first: int | None = None) -> None:
@@ -415,21 +452,22 @@ class NCHWcEmitter:
                     b.store(b.load(vector_pointer(b, self.y, at, BLOCK), align=4), slots[0][j][v])
         taps = geo.k_h * geo.k_w
         first_tap, end_tap = b.mul(row.kh_lo, const64(geo.k_w)), b.mul(row.kh_hi, const64(geo.k_w))
+        lanes = self.lanes
         with ctx.loop(chunk.cb_hi, name="cb", start=chunk.cb_lo) as cb:
-            weights_cb = b.gep(row.weights, [b.mul(cb, const64(taps * BLOCK * width))])
+            weights_cb = b.gep(row.weights, [b.mul(cb, const64(taps * lanes * width))])
             corner = self.input_corner(row, cb, ow0)
             with ctx.loop(end_tap, name="tap", start=first_tap) as tap:
                 x_tap = b.gep(corner, [b.load(b.gep(self.tap_offset, [tap]))])
-                w_tap = b.gep(weights_cb, [b.mul(tap, const64(BLOCK * width))])
+                w_tap = b.gep(weights_cb, [b.mul(tap, const64(lanes * width))])
                 kw = b.load(b.gep(self.tap_column, [tap])) if self.padded_pixels(first, pixels) else None
                 pointers = self.pixel_pointers(x_tap, kw, pixels, first)
                 acc = [[[b.load(slot) for slot in per_pixel] for per_pixel in per_copy] for per_copy in slots]
-                for lane in range(BLOCK):
+                for lane in range(lanes):
                     ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * BLOCK), BLOCK), align=4)
                           for v in range(vectors)]
                     c = lane % copies
                     for j, pointer in enumerate(pointers):
-                        x = splat(b, b.load(b.gep(pointer, [const64(lane)])), BLOCK)
+                        x = splat(b, self.pixel_value(pointer, lane), BLOCK)
                         acc[c][j] = [fmuladd(ctx, w, x, a) for w, a in zip(ws, acc[c][j])]
                 for per_copy, values in zip(slots, acc):
                     for per_pixel, pixel_values in zip(per_copy, values):
@@ -507,6 +545,8 @@ def conv_nchwc(ctx: KernelContext) -> None:
     residual = 3 if ctx.has_input(3) else None
     _check_operands(ctx, residual)
     if conv_symbolic.has_symbolic_spatial_dims(ctx):  # runtime bounds, the same blocked layout
+        if nchw_input(ctx):
+            raise Unsupported("an NCHW input with symbolic spatial dims has no generated code (blocked only)")
         block = int(ctx.attr("block", BLOCK))
         if block != BLOCK:
             raise Unsupported(f"block {block} has no generated code (block {BLOCK} only)")
