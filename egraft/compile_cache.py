@@ -15,10 +15,12 @@ only its packed copy is read through unpacked from it on demand (``restore``, :c
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import pickle
 import shutil
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,6 +114,7 @@ def clear_cache() -> int:
     number of files removed."""
     from egraft.kernels.cpu.llvm import cache_dir
 
+    wait_for_writes()
     removed = 0
     for sub in ("compiled", "objects", "rules"):
         folder = cache_dir() / sub
@@ -325,6 +328,61 @@ def write_entry(entry: Path, lowered) -> None:
     evict(keep=meta)
 
 
+#: Whether :func:`write_entry_in_background` writes on a thread of its own (tests that damage
+#: an entry right after a compile turn it off: ``tests/conftest.py``).
+WRITE_IN_BACKGROUND = True
+_PENDING: dict[Path, threading.Thread] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def write_entry_in_background(entry: Path, lowered) -> None:
+    """:func:`write_entry` on a thread of its own, so that the compile returns as soon as the
+    model runs (ResNet-50's entry took 0.7 s to write, VGG-19's 5 s). The thread is not a
+    daemon: the interpreter waits for it at exit. A compile of the same entry, and
+    :func:`clear_cache`, wait for it first (:func:`wait_for_writes`). The thread writes a
+    shallow copy of ``lowered`` (write_entry swaps fields while it pickles); an entry it
+    fails to write only costs the next compile its time.
+
+    Example:
+        >>> write_entry_in_background(entry, lowered); wait_for_writes(entry)   # doctest: +SKIP
+    """
+    if not WRITE_IN_BACKGROUND:
+        try:
+            write_entry(entry, lowered)
+        except OSError:
+            pass  # an unwritable cache only costs the next compile its time
+        return
+    detached = copy.copy(lowered)
+    detached.graph = copy.copy(lowered.graph)
+    detached.kernels = copy.copy(lowered.kernels)
+
+    def write() -> None:
+        try:
+            write_entry(entry, detached)
+        except Exception:  # noqa: BLE001 (disk full, unpicklable state: the next compile rebuilds the entry)
+            pass
+        finally:
+            with _PENDING_LOCK:
+                if _PENDING.get(entry) is threading.current_thread():
+                    del _PENDING[entry]
+
+    thread = threading.Thread(target=write, name=f"egraft-cache-write-{entry.stem[:8]}")
+    with _PENDING_LOCK:
+        previous = _PENDING.get(entry)
+        _PENDING[entry] = thread
+    if previous is not None:
+        previous.join()
+    thread.start()
+
+
+def wait_for_writes(entry: Path | None = None) -> None:
+    """Wait until the entry writes under way (or only that of ``entry``) are done."""
+    with _PENDING_LOCK:
+        threads = list(_PENDING.values()) if entry is None else [t for e, t in _PENDING.items() if e == entry]
+    for thread in threads:
+        thread.join()
+
+
 def read_entry(entry: Path):
     """The lowered model of the entry ``entry``, its constants and packed weights memory-mapped
     from the blob (read-only: nothing is copied until a kernel reads it), the packed copies the
@@ -366,4 +424,5 @@ def read_entry(entry: Path):
 
 
 __all__ = ["CACHE_FORMAT", "CONSTANTS_BUDGET", "model_digest", "entry_path", "cache_root", "clear_cache",
-           "EntryPlan", "entry_plan", "RestoredConstants", "write_entry", "read_entry"]
+           "EntryPlan", "entry_plan", "RestoredConstants", "write_entry", "read_entry",
+           "write_entry_in_background", "wait_for_writes"]

@@ -25,7 +25,15 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from egraft.compile_cache import cache_root, clear_cache, entry_path, model_digest, read_entry, write_entry
+from egraft.compile_cache import (
+    cache_root,
+    clear_cache,
+    entry_path,
+    model_digest,
+    read_entry,
+    wait_for_writes,
+    write_entry_in_background,
+)
 from egraft.errors import EgraftError, InputError
 from egraft.ir.assume import assume_graph, check_assumptions, parse_assumptions
 from egraft.ir.graph import Graph
@@ -165,6 +173,7 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
         ((repr(sorted(values.items())),) if values else ())
     entry = entry_path(digest, settings, [Path(p).read_bytes() for p in rules])
     if use_cache:
+        wait_for_writes(entry)  # this entry's write, still under way (a compile of the same model just before)
         lowered = read_entry(entry)
         if lowered is not None:
             lowered.seconds = {"cache read": time.perf_counter() - start}
@@ -209,10 +218,7 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     compiled = compile_lowered(lowered, use_cache=use_cache)
     compiled.cache_hit = False
     if use_cache:
-        try:
-            write_entry(entry, lowered)
-        except OSError:
-            pass  # an unwritable cache only costs the next compile its time
+        write_entry_in_background(entry, lowered)
     return compiled
 
 

@@ -16,6 +16,9 @@ def _isolated_config_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
     # Tests judge the build they compile: no background variants (their own tests ask for them).
     monkeypatch.setenv("EGRAFT_SPECIALIZE", "off")
+    # Cache entries are on disk when compile returns (tests damage them right after); the
+    # background writes have a test of their own (test_cache.py).
+    monkeypatch.setattr("egraft.compile_cache.WRITE_IN_BACKGROUND", False)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from egraft import trace
 from egraft.errors import EgraftError
 from egraft.extract.cost import CostModel
 from egraft.extract.greedy import extract_greedy
-from egraft.extract.ilp import extract_ilp
 from egraft.extract.program import EXTRACTORS, Extraction, rebuild_outputs
 from egraft.rewrite.egraph import Snapshot
 
@@ -25,8 +24,12 @@ def extract(snapshot: Snapshot, model: CostModel, extractor: str = "greedy", roo
         raise EgraftError(f"--extractor {extractor}: unknown extractor; known: {', '.join(EXTRACTORS)}")
     roots = [c for c, _, _ in rebuild_outputs(snapshot)] if roots is None else roots
     greedy = extract_greedy(snapshot, model, roots)
-    chosen = greedy if extractor == "greedy" else extract_ilp(snapshot, model, roots, time_limit=time_limit,
-                                                               greedy=greedy)
+    if extractor == "greedy":
+        chosen = greedy
+    else:
+        from egraft.extract.ilp import extract_ilp  # scipy's HiGHS: imported only for the ILP (0.13 s)
+
+        chosen = extract_ilp(snapshot, model, roots, time_limit=time_limit, greedy=greedy)
     if trace.enabled("extract"):
         trace.trace_extraction(snapshot, chosen, roots)
     return chosen

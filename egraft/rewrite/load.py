@@ -108,9 +108,11 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
 
 
 def parsed_rules(text: str, name: str) -> RuleFile:
-    """``parse_rules(text, name)``, kept in the cache folder (``rules/``) by a digest of the
-    text, the name and egraft's sources: parsing the shipped rules took half a second of
-    every compile's process. A cached file that cannot be read back is parsed again.
+    """``parse_rules(text, name)``, kept in the cache folder (``rules/``, one file per rule
+    file's name and text, outside the size cap: a few kilobytes each) with the digest of
+    egraft's sources it was parsed by: parsing the shipped rules took half a second of every
+    compile's process. A cached file from another egraft, or one that cannot be read back,
+    is parsed again and replaced.
 
     Example::
 
@@ -122,11 +124,12 @@ def parsed_rules(text: str, name: str) -> RuleFile:
 
     from egraft.kernels.cpu.llvm import cache_dir, source_digest
 
-    digest = hashlib.sha256(f"{source_digest()}\0{name}\0{text}".encode()).hexdigest()[:32]
-    path = cache_dir() / "rules" / f"{digest}.pkl"
+    sources = source_digest()
+    key = hashlib.sha256((name + "\0" + text).encode()).hexdigest()[:32]
+    path = cache_dir() / "rules" / f"{key}.pkl"
     try:
-        rf = pickle.loads(path.read_bytes())
-        if isinstance(rf, RuleFile):
+        digest, rf = pickle.loads(path.read_bytes())
+        if digest == sources and isinstance(rf, RuleFile):
             return rf
     except Exception:  # noqa: BLE001 (missing, damaged or from another egraft: parse it again)
         pass
@@ -134,7 +137,7 @@ def parsed_rules(text: str, name: str) -> RuleFile:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_bytes(pickle.dumps(rf, protocol=pickle.HIGHEST_PROTOCOL))
+        temporary.write_bytes(pickle.dumps((sources, rf), protocol=pickle.HIGHEST_PROTOCOL))
         temporary.replace(path)
     except OSError:
         pass  # an unwritable cache only costs the next process the parse
