@@ -354,7 +354,8 @@ def test_a_plan_compiles_to_its_own_graph_and_a_stale_plan_is_refused(tmp_path):
     assert str(compiled.graph) == plan["graph"]["ir"]
     built = runner.invoke(app, ["compile", str(plan_path), "--json"])
     assert built.exit_code == 0, built.output
-    plan["graph"]["ir"] = plan["graph"]["ir"].replace("FusedConv", "Conv", 1)
+    assert "com.egraft::ConvNCHWc" in plan["graph"]["ir"]
+    plan["graph"]["ir"] = plan["graph"]["ir"].replace("com.egraft::ConvNCHWc", "com.egraft::FusedConv", 1)
     stale = tmp_path / "stale.plan.json"
     stale.write_text(json.dumps(plan))
     with pytest.raises(egraft.EgraftError, match="differs from the plan's"):

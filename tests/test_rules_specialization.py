@@ -135,9 +135,10 @@ def test_a_fused_conv_gets_a_winograd_twin_with_its_activation():
     from egraft.extract.cost import Roofline
     from egraft.extract.profiles import Profile
 
-    x, w = randn(1, 8, 12, 12), randn(8, 8, 3, 3)
-    scale, shift, mean = randn(8), randn(8), randn(8)
-    var = RNG.uniform(0.5, 1.5, 8).astype(np.float32)
+    # (an image large enough for Winograd's tiles to pay: the cost model prices the padded tiles)
+    x, w = randn(1, 32, 40, 40), randn(32, 32, 3, 3)
+    scale, shift, mean = randn(32), randn(32), randn(32)
+    var = RNG.uniform(0.5, 1.5, 32).astype(np.float32)
     inits = [numpy_helper.from_array(a, k) for k, a in (("w", w), ("s", scale), ("t", shift), ("m", mean),
                                                          ("v", var))]
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
