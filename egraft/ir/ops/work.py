@@ -49,9 +49,11 @@ _TILE_IN, _TILE_OUT, _INPUT_TRANSFORM_OPS, _OUTPUT_TRANSFORM_OPS = 16, 2, 32, 24
 
 
 #: The products' fixed cost per accumulator tile (loading and storing it), in steps of their
-#: depth (the input channels): a 64-channel Winograd product ran 20% slower per flop than a
-#: 256-channel one (measured on 3x3 convolutions of 13-56 pixel planes, 2026-12-05).
-_PRODUCT_STARTUP = 16
+#: depth (the input channels). Fitted with the profile's winograd efficiency (0.87) on eight
+#: 3x3 convolutions (8-56 pixels, 24-256 channels, 2026-12-05): with it, the padded tiles
+#: and any efficiency in (0.79, 0.95), extraction picks the faster of Winograd and the
+#: blocked direct convolution on all eight.
+_PRODUCT_STARTUP = 8
 
 
 def _winograd(ctx: WorkContext) -> Work:
