@@ -208,3 +208,23 @@ def test_a_view_op_that_is_a_graph_output_is_copied_by_a_kernel():
     compiled = compile_graph(egraft.load(model))
     assert [s.kind for s in compiled.steps] == ["kernel"]
     check_compiled(model, {"x": x}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("exponent_shape", [(), (1,)])
+def test_pow_of_a_constant_two_is_the_exact_square(exponent_shape):
+    """``Pow(x, 2)`` with a constant one-element exponent runs as ``x * x`` (no libm call per
+    element): bit for bit numpy's square and onnxruntime's Pow, NaN, infinities and -0 included."""
+    x = np.random.default_rng(5).normal(size=(3, 70)).astype(np.float32) * 40
+    x.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, -0.0]
+    graph = helper.make_graph(
+        [helper.make_node("Pow", ["x", "e"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 70])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.full(exponent_shape, 2.0, np.float32), "e")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = compile_graph(egraft.load(model))
+    assert [s.kind for s in compiled.steps] == ["kernel"]
+    got = compiled.run({"x": x})["y"]
+    np.testing.assert_array_equal(got, x * x)
+    np.testing.assert_array_equal(got, run_onnxruntime(model, {"x": x})["y"])
+    assert np.signbit(got.reshape(-1)[3]) == np.signbit(np.float32(-0.0) * np.float32(-0.0))
