@@ -236,8 +236,8 @@ def lower(graph: Graph) -> Lowered:
                 _reuse_a_dying_input(index, node, storage, slots, sharing, output_names, input_symbols)
             name = f"k{index}_{node.op}"
             opset = node_opset(graph, node)
-            key = memo.key(node, opset, slots, graph)
-            emission = memo.find(key, node, graph)
+            key = memo.key(node, opset, slots)
+            emission = memo.find(key, node)
             try:
                 if emission is None:
                     emission = _emit(generator, node, graph, name, opset, slots, dim_index, memo, key)

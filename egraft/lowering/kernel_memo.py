@@ -10,14 +10,14 @@ What a generator sees of a node, and so what the key holds: the op, domain, opse
 attributes; each operand's dtype and shape and whether it is a constant; which operands
 share a table slot (in place). A generator that reads a constant's values (``ctx.constant``:
 axes, zero points, a Resize's scales) makes the emission depend on them: the record keeps
-their digests, and a later node matches only with the same values. Weights a generator
+their side-table keys (content digests), and a later node matches only with the same values. Weights a generator
 packs (``ctx.packed_constant``) are packed again from the new node's own weights; other
 derived constants (offset tables) depend on the key alone.
 
 Example:
     >>> memo = KernelMemo()                                 # doctest: +SKIP
-    >>> key = memo.key(node, opset, slots, graph)           # doctest: +SKIP
-    >>> emission = memo.find(key, node, graph)              # doctest: +SKIP
+    >>> key = memo.key(node, opset, slots)                  # doctest: +SKIP
+    >>> emission = memo.find(key, node)                     # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class Emission:
         derived: the derived constants in the order the generator made them, each
             ``(tag, ("packed", PackedFrom, input index))`` (packed again from the new node's
             input) or ``(tag, ("array", array))`` (the same array: it depends on the key alone).
-        values_read: ``(input index, digest)`` of the constants whose values it read.
+        values_read: ``(input index, side-table key)`` of the constants whose values it read
+            (the key is the array's content digest: equal keys, equal values).
     """
 
     text: str
@@ -71,7 +72,7 @@ class KernelMemo:
         self._records: dict[tuple, list[Emission]] = {}
         self.hits = 0
 
-    def key(self, node: Node, opset: int, slots: dict[str, int], graph: Graph) -> tuple | None:
+    def key(self, node: Node, opset: int, slots: dict[str, int]) -> tuple | None:
         """What the generator sees of ``node``; ``None`` for a node never reused."""
         attrs = []
         for name in sorted(node.attrs):
@@ -91,13 +92,12 @@ class KernelMemo:
                 operands.append((role, v.type.dtype.short, shape, v.const is not None, alias))
         return (node.op, node.domain, opset, tuple(attrs), tuple(operands))
 
-    def find(self, key: tuple | None, node: Node, graph: Graph) -> Emission | None:
+    def find(self, key: tuple | None, node: Node) -> Emission | None:
         """A recorded emission for ``key`` whose constants read by value match ``node``'s."""
         if key is None:
             return None
         for emission in self._records.get(key, ()):
-            if all(content_hash(np.asarray(graph.constants[node.inputs[i].const])) == digest
-                   for i, digest in emission.values_read):
+            if all(node.inputs[i].const == key for i, key in emission.values_read):
                 self.hits += 1
                 return emission
         return None
@@ -105,7 +105,7 @@ class KernelMemo:
     def record(self, key: tuple | None, ctx, text: str) -> Emission:
         """The emission ``ctx`` just finished (its module printed as ``text``), kept for
         later nodes of the same ``key`` (none when ``key`` is ``None``)."""
-        node, graph = ctx.node, ctx.graph
+        node = ctx.node
         roles: dict[str, Any] = {}
         for j, v in reversed(list(enumerate(node.outputs))):
             if v is not None:
@@ -124,7 +124,7 @@ class KernelMemo:
             else:
                 index = next(i for i, v in enumerate(node.inputs) if v is not None and v.const == made.source)
                 derived.append((tag, ("packed", made, index)))
-        read = [(i, content_hash(np.asarray(graph.constants[node.inputs[i].const]))) for i in sorted(ctx.values_read)]
+        read = [(i, node.inputs[i].const) for i in sorted(ctx.values_read)]  # the side table's key: its digest
         emission = Emission(text, tuple(roles[n] for n in ctx.operands),
                             tuple(sorted(roles[n] for n in ctx.table_names)), tuple(ctx.dim_operands),
                             ctx.parallel, tuple(ctx.broadcast_guards), tuple(derived), tuple(read))
