@@ -202,6 +202,36 @@ def test_plans_are_deterministic():
             {k: v.applied for k, v in second.saturation.rules.items()}
 
 
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "inception_v1", "encoder"])
+def test_incremental_matching_finds_what_matching_everything_finds(name):
+    # Incremental matching skips roots whose pattern reaches no e-class changed since a rule's
+    # last complete match. Without bans (a match limit no rule reaches) and without a time limit,
+    # both ways must apply the same rewrites and end in the same e-graph.
+    from egraft.extract.cost import cost_model
+    from egraft.extract.extractor import extract
+    from egraft.optimize import select_rules
+    from egraft.rewrite.egraph import EGraphState
+    from egraft.rewrite.engine import saturate
+    from egraft.rewrite.load import load_rules
+    from egraft.testing.encoder import encoder_model
+
+    model = encoder_model() if name == "encoder" else onnx.load(light_model_path(name))
+    rules, _ = select_rules(load_rules([], include_shipped=True))
+    budget = Budget(iterations=60, seconds=600.0, match_limit=10**9)
+    outcomes = []
+    for incremental in (True, False):
+        state = EGraphState.from_graph(egraft.load(model))
+        report = saturate(state, rules, budget, incremental=incremental)
+        snapshot = state.snapshot()
+        plan = extract(snapshot, cost_model("roofline", "cpu-host"), "greedy")
+        outcomes.append((report.stop_reason, report.nodes_after, report.classes_after,
+                         {k: v.applied for k, v in report.rules.items()}, plan.cost))
+        state.release()
+    assert outcomes[0][0] == "saturated"
+    assert outcomes[0] == outcomes[1]
+    assert sum(outcomes[0][3].values()) > 20  # the rules did rewrite the model
+
+
 def test_greedy_extraction_pays_a_shared_subexpression_once():
     from egraft.extract.greedy import choose
     from egraft.rewrite.egraph import EGraphState

@@ -14,10 +14,12 @@ outputs is a tuple e-class ``T.op(op, attrs, args)`` whose outputs are
 Every handle has a known type (a TensorType, or a tuple of them for a tuple e-class),
 set from the IR up front or inferred by the op registry for the terms rules create.
 
-Commands go to egglog as program text in batches of a few: building them through the
-Python expression API cost 2.4 s for DenseNet-121's 1,746 nodes, the text 0.2 s. Parsing
-and running a batch grow quadratically with its length: t5_encoder_int8's first 11 rounds
-flushed in 9.8 s as batches of 20, 6.7 s as batches of 5.
+Commands go to egglog as program text: building them through the Python expression API
+cost 2.4 s for DenseNet-121's 1,746 nodes, the text 0.2 s. egglog runs each top-level
+command as a rule of its own (~130 us each), so a batch of commands is sent as the actions
+of one rule with no premises, in a ruleset of its own, run once: inception_v2's 13,127
+commands took 1.7 s one by one, 0.85 s as rules of 16 actions. A rule's cost grows
+quadratically with its actions (200 per rule took 6.5 s), hence the small batches.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ CONST = "Const"
 INPUT = "Input"
 OUT = "Out"
 LEAF_OPS = (ABSENT, CONST, INPUT)
-BATCH = 5
+BATCH = 16
 #: egglog's names for the constructors above (declared by :func:`_declare`).
 _REF = "egraft_rewrite_egraph_T_ref"
 _OP = "egraft_rewrite_egraph_T_op"
@@ -144,6 +146,7 @@ class EGraphState:
         self.applications: list[Application] = []
         self._application = SOURCE
         self.pending: list = []
+        self._batches = 0  # rulesets made by flush()
         self.output_refs: list[int] = []
         self.input_refs: dict[str, int] = {}
         self.absent_ref: int | None = None
@@ -220,10 +223,14 @@ class EGraphState:
         self.pending.append(f"(union ({_REF} {a}) ({_REF} {b}))")
 
     def flush(self) -> None:
-        """Send the queued commands to egglog in small batches (large ones blow up)."""
+        """Send the queued commands to egglog, each batch as one rule run once (module docstring)."""
         raw = self.egraph._egraph
         for start in range(0, len(self.pending), BATCH):
-            raw.run_program(*raw.parse_program("\n".join(self.pending[start:start + BATCH])))
+            name = f"flush{self._batches}"
+            self._batches += 1
+            actions = " ".join(self.pending[start:start + BATCH])
+            raw.run_program(*raw.parse_program(f"(ruleset {name})\n(rule () ({actions}) :ruleset {name})\n"
+                                               f"(run {name} 1)"))
         self.pending.clear()
 
     @classmethod
@@ -371,6 +378,19 @@ class Snapshot:
 
     def type_of(self, c: int):
         return self.state.ref_types[self.class_ref[c]]
+
+    def signatures(self) -> dict[int, tuple]:
+        """Each e-class's identity across snapshots, keyed by its first handle: how many handles
+        it holds and its e-nodes with children named by their first handles. An e-class whose
+        signature is in the previous snapshot's table is unchanged (no merge, no new e-node),
+        which is what incremental matching asks (``egraft/rewrite/engine.py``)."""
+        sizes: dict[int, int] = defaultdict(int)
+        for c in self.ref_class.values():
+            sizes[c] += 1
+        ref = self.class_ref
+        return {ref[c]: (sizes[c], frozenset((n.op, n.domain, n.attrs, tuple(ref[ch] for ch in n.children))
+                                             for n in nodes))
+                for c, nodes in self.classes.items()}
 
     def attrs(self, n: ENode) -> dict:
         return self.state.ref_node_attrs.get(n.attrs, {}) if n.op not in LEAF_OPS else {}

@@ -25,7 +25,7 @@ from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
 from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
-from egraft.rewrite.match import MATCHED, Matcher
+from egraft.rewrite.match import MATCHED, Matcher, pattern_depth
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,10 @@ def _touches(key: tuple, refs: set[int]) -> bool:
 
 
 def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None,
-             progress: Callable[[int, int], None] | None = None) -> SaturationReport:
-    """Run ``rules`` on ``state`` until saturation or a budget; return the report."""
+             progress: Callable[[int, int], None] | None = None, incremental: bool = True) -> SaturationReport:
+    """Run ``rules`` on ``state`` until saturation or a budget; return the report. With
+    ``incremental`` off, every rule matches the whole e-graph every round (the reference that
+    incremental matching must agree with)."""
     budget = budget or Budget()
     start = time.perf_counter()
     opset = state.opsets.get("", 21)
@@ -129,6 +131,13 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     snapshot = state.snapshot()
     const_refs = {snapshot.class_ref[c] for c in snapshot.const_class}
     newly_const: set[int] = set(const_refs)
+    # Incremental (semi-naive) matching: a single-root rule matched completely against snapshot j
+    # is next matched only at roots whose pattern reaches an e-class changed since (merged, new
+    # e-node, newly constant): every other match is one it already found.
+    depth = {r.name: pattern_depth(r.roots[0]) for r in rules if len(r.roots) == 1 and incremental}
+    matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
+    changed_since: list[set[int]] = [set()]  # per snapshot: first handles of the e-classes it changed
+    signatures = snapshot.signatures()
     nodes_before = snapshot.num_nodes
     stop = "iteration limit"
     iteration = 0
@@ -142,6 +151,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         any_banned = False
         matcher = Matcher(snapshot, opset)
         evaluator = Evaluator(state, snapshot, opset, fresh)
+        regions: dict[tuple[int, int], set[int]] = {}
+        current = len(changed_since) - 1
         for rule in rules:
             if time.perf_counter() + flush_rate * len(state.pending) > deadline:
                 out_of_time = True  # the rest of the round waits: any subset of the rewrites is sound
@@ -151,7 +162,15 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                 any_banned = True
                 continue
             t0 = time.perf_counter()
-            substs = matcher.match_rule(rule, limit=threshold[name] + 1)
+            within = None
+            if name in matched_at:
+                since = matched_at[name]
+                region_key = (since, depth[name])
+                if region_key not in regions:
+                    seeds = {snapshot.ref_class[r] for k in range(since + 1, current + 1) for r in changed_since[k]}
+                    regions[region_key] = matcher.region(seeds, depth[name])
+                within = regions[region_key]
+            substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within)
             if len(substs) > threshold[name]:
                 ban_count[name] += 1
                 banned_until[name] = iteration + budget.ban_length * 2 ** (ban_count[name] - 1)
@@ -161,6 +180,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                 stats[name].seconds += time.perf_counter() - t0
                 continue
             stats[name].matches += len(substs)
+            if name in depth:
+                matched_at[name] = current
             for subst in substs:
                 key = _match_key(rule, subst, snapshot)
                 if key in applied:
@@ -201,6 +222,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         now_const = {snapshot.class_ref[c] for c in snapshot.const_class}
         newly_const = now_const - const_refs
         const_refs = now_const
+        previous, signatures = signatures, snapshot.signatures()
+        changed_since.append({r for r, sig in signatures.items() if previous.get(r) != sig} | newly_const)
         if progress is not None:
             progress(iteration, snapshot.num_nodes)
         if snapshot.num_nodes > budget.max_nodes:

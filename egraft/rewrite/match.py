@@ -185,6 +185,24 @@ class Matcher:
                         self._parents.setdefault(ch, set()).add(cls)
         return self._parents.get(c, set())
 
+    def region(self, seeds: set[int], depth: int) -> set[int]:
+        """The e-classes from which a pattern of ``depth`` levels could reach one of ``seeds``:
+        the seeds and their users up to ``depth`` e-nodes above (a tuple class, seen through
+        ``Out``, adds no level). Only a root in this region can match differently after the
+        seeds changed."""
+        left = dict.fromkeys(seeds, depth)  # e-class -> the most levels left on reaching it
+        frontier = list(seeds)
+        while frontier:
+            c = frontier.pop()
+            if left[c] == 0:
+                continue
+            for p in self.parents(c):
+                more = left[c] - (0 if self.snap.is_tuple(p) else 1)
+                if left.get(p, -1) < more:
+                    left[p] = more
+                    frontier.append(p)
+        return set(left)
+
     def _join_candidates(self, root: POp, candidates: list[int], subst: Subst) -> list[int]:
         """``candidates`` (sorted) of a later root, narrowed to the parents of an input that an
         earlier root bound (a multi-root rule joins on it) instead of every e-node of the op."""
@@ -199,9 +217,14 @@ class Matcher:
                 return sorted(users.intersection(candidates))
         return candidates
 
-    def match_rule(self, rule: Rule, limit: int | None = None) -> list[Subst]:
-        """All substitutions for the rule's roots (at most ``limit``)."""
-        search = _Search(rule, limit, [self.candidates(root) for root in rule.roots])
+    def match_rule(self, rule: Rule, limit: int | None = None, within: set[int] | None = None) -> list[Subst]:
+        """All substitutions for the rule's roots (at most ``limit``); with ``within``, only those
+        whose single root is one of those e-classes (incremental matching)."""
+        candidates = [self.candidates(root) for root in rule.roots]
+        if within is not None:
+            assert len(candidates) == 1, "incremental matching is for single-root rules"
+            candidates = [[c for c in candidates[0] if c in within]]
+        search = _Search(rule, limit, candidates)
         self._extend(search, 0, {})
         return search.results
 
@@ -230,6 +253,11 @@ class Matcher:
                 if self._extend(search, i + 1, s):
                     return True
         return False
+
+
+def pattern_depth(pattern) -> int:
+    """Levels of e-nodes a pattern reads: ``Relu(Conv(x, w))`` is 2, ``x`` is 0."""
+    return 0 if isinstance(pattern, PVar) else 1 + max((pattern_depth(a) for a in pattern.args), default=0)
 
 
 class _Search:
