@@ -37,7 +37,7 @@ from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.kernels.cpu import find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
-from egraft.kernels.cpu.llvm import JitModule, host_cpu
+from egraft.kernels.cpu.llvm import NO_UNROLL, JitModule, host_cpu
 from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
 from egraft.lowering.kernel_memo import Emission, KernelMemo, replay
 from egraft.lowering.kernels import KernelSet
@@ -296,7 +296,8 @@ def _emit(generator, node: Node, graph: Graph, name: str, opset: int, slots: dic
     finally:
         for made in set(slots) - before:
             del slots[made]
-    return memo.record(key, ctx, str(scratch))
+    text = str(scratch) if ctx.llvm_unroll else NO_UNROLL + str(scratch)
+    return memo.record(key, ctx, text)
 
 
 def _dims_given_by_values(node: Node) -> list[str]:

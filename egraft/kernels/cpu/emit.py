@@ -200,6 +200,9 @@ class KernelContext(NodeAttrs):
             arg.name = arg_name
         #: Set by a generator whose code computes only share ``part`` of ``parts``.
         self.parallel = False
+        #: Cleared by a generator that unrolls its own loops (register tiles): LLVM's unroller
+        #: then only multiplies the code it compiles (``egraft.kernels.cpu.llvm.NO_UNROLL``).
+        self.llvm_unroll = True
         #: ``(axis, operand dim, result dim)`` whose broadcast the code decides at run time
         #: (``broadcast_strides``): the runtime checks that each operand dim is 1 or the result's.
         self.broadcast_guards: list[tuple] = []
