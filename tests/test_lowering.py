@@ -26,7 +26,7 @@ from egraft.lowering.compile import compile_graph, lower
 from egraft.lowering.memory import ALIGNMENT, assign_offsets
 from egraft.lowering.runtime import MIN_PARALLEL_WORK
 from egraft.optimize import optimize
-from egraft.testing.models import light_model_path, scale_relative_error
+from egraft.testing.models import backend_input, light_model_path, scale_relative_error
 
 runner = CliRunner()
 
@@ -507,3 +507,43 @@ def test_repeated_layers_reuse_one_emission_with_their_own_weights():
     np.testing.assert_array_equal(got["m1"], want["m1"])
     assert not np.array_equal(got["m0"], got["m1"])
     np.testing.assert_allclose(got[x], want[x], rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_compile_in_a_helper_while_lowering_emits_the_next(monkeypatch, tmp_path):
+    """With two compile jobs, lowering hands each new kernel to a helper process at once; compiling
+    the model takes the helper's objects (the same bytes LLVM makes here) and ends the session,
+    and the model's outputs match onnxruntime's. A lowering that fails ends its session."""
+    from egraft.kernels.cpu import early_compile
+    from egraft.kernels.cpu.llvm import object_code, object_key
+    from egraft.lowering.compile import compile_lowered
+
+    monkeypatch.setenv("EGRAFT_COMPILE_JOBS", "2")
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path))  # nothing cached
+    model = onnx.load(light_model_path("squeezenet"))
+    graph = optimize(egraft.load(model), cost="roofline").graph
+    lowered = lower(graph)
+    session = lowered.early
+    assert session is not None and early_compile.current() is None  # held by the lowered model only
+    made = session.take_all(object_code)
+    texts = list(lowered.kernels.modules.values())
+    assert len(made) == len(texts) >= 10
+    for text in texts[:3]:
+        assert made[object_key(text)] == object_code(text)
+    compiled = compile_lowered(lowered)
+    assert lowered.early is None and session.closed
+    feeds = backend_input(model)
+    want = run_onnxruntime(model, feeds)
+    got = compiled.run(feeds)
+    for name, ref in want.items():
+        assert scale_relative_error(got[name], ref) <= 1e-4, name
+
+    import egraft.lowering.compile as lowering
+
+    def interrupted(graph):  # a lowering stopped half way (Ctrl-C, a generator's bug)
+        early_compile.submit(object_key(texts[0]), texts[0])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lowering, "_lower", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lower(graph)
+    assert early_compile.current() is None

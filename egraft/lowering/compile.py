@@ -35,9 +35,9 @@ from egraft.ir.dims import dim_product, dim_symbols, dims_equal
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.ops.nn_dense import dropout_is_identity
-from egraft.kernels.cpu import find_kernel, in_place
+from egraft.kernels.cpu import early_compile, find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
-from egraft.kernels.cpu.llvm import NO_UNROLL, JitModule, host_cpu
+from egraft.kernels.cpu.llvm import NO_UNROLL, JitModule, compile_jobs, host_cpu, submit_early
 from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
 from egraft.lowering.kernel_memo import Emission, KernelMemo, replay
 from egraft.lowering.kernels import KernelSet
@@ -109,6 +109,12 @@ class Lowered:
     source_nodes: list | None = None
     #: kernel steps whose code an earlier step's emission gave (:mod:`egraft.lowering.kernel_memo`)
     reused_emissions: int = 0
+    #: the helper compiling the kernels since they were emitted (:mod:`egraft.kernels.cpu.early_compile`),
+    #: until :func:`compile_lowered` takes their objects; never pickled
+    early: early_compile.Session | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "early": None}
 
     @property
     def module_text(self) -> str:
@@ -179,7 +185,21 @@ def _nbytes(v: Value):
 
 
 def lower(graph: Graph) -> Lowered:
-    """Schedule ``graph``, plan its storage and emit its kernels (not yet compiled)."""
+    """Schedule ``graph``, plan its storage and emit its kernels. They start compiling in a
+    helper process as they come (:mod:`egraft.kernels.cpu.early_compile`, with two cores or
+    more); :func:`compile_lowered` finishes."""
+    session = early_compile.begin(compile_jobs() > 1)
+    try:
+        lowered = _lower(graph)
+    except BaseException:
+        early_compile.end(session)
+        raise
+    early_compile.detach(session)
+    lowered.early = session
+    return lowered
+
+
+def _lower(graph: Graph) -> Lowered:
     start = time.perf_counter()
     source, graph = graph, inline_constant_ifs(graph)  # an If whose condition is known is its branch
     values: list[Value] = list(graph.inputs)
@@ -255,7 +275,10 @@ def lower(graph: Graph) -> Lowered:
                     continue
                 if sized:  # the runtime's inference reads every input, constants included
                     runtime_constants.update(v.name for v in node.inputs if v is not None and v.const is not None)
+                known = len(kernels.modules)
                 symbol = kernels.add(emission.text)
+                if len(kernels.modules) > known:  # a new kernel: it compiles while the next are emitted
+                    submit_early(kernels.modules[symbol])
                 kernels.call(name, symbol, tuple(slots[names[role]] for role in emission.operands),
                              tuple(dim_index[s] for s in emission.dim_operands))
                 derived.update(own)
@@ -444,8 +467,9 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
     return buffers, dynamic
 
 
-def compile_lowered(lowered: Lowered, use_cache: bool = True):
-    """Compile the lowered module and wrap it as a runnable model."""
+def compile_lowered(lowered: Lowered, use_cache: bool = True, early: early_compile.Session | None = None):
+    """Compile the lowered module and wrap it as a runnable model (``early``: the session of
+    the model whose control-flow body ``lowered`` is; by default, ``lowered``'s own)."""
     from egraft.kernels.cpu.llvm import compile_objects
     from egraft.kernels.cpu.sgemm import SGEMM, library, library_loaded, library_module
     from egraft.lowering.runtime import CompiledModel
@@ -453,14 +477,21 @@ def compile_lowered(lowered: Lowered, use_cache: bool = True):
     start = time.perf_counter()
     modules = [lowered.kernels.stubs_text(), *lowered.kernels.modules.values()]
     compiled = None
-    if any(SGEMM in text for text in modules[1:]):  # the kernels call egraft_sgemm: load it first
-        if use_cache and not library_loaded():  # compile it beside the kernels, into the disk cache
-            objects, hits = compile_objects([library_module(), *modules])
-            compiled = objects[1:], hits[1:]
-        library()
-    jit = JitModule(modules, use_cache=use_cache, compiled=compiled) if lowered.kernels.calls else None
-    bodies = {index: {attr: compile_lowered(sub, use_cache) for attr, sub in subs.items()}
-              for index, subs in lowered.bodies.items()}
+    session = early or lowered.early  # the helper compiling the kernels since lowering emitted them
+    try:
+        if any(SGEMM in text for text in modules[1:]):  # the kernels call egraft_sgemm: load it first
+            if use_cache and not library_loaded():  # compile it beside the kernels, into the disk cache
+                objects, hits = compile_objects([library_module(), *modules], early=session)
+                compiled = objects[1:], hits[1:]
+            library()
+        jit = JitModule(modules, use_cache=use_cache, compiled=compiled, early=session) \
+            if lowered.kernels.calls else None
+        bodies = {index: {attr: compile_lowered(sub, use_cache, session) for attr, sub in subs.items()}
+                  for index, subs in lowered.bodies.items()}
+    finally:
+        if early is None:  # the outermost: its bodies' kernels were in the same session
+            early_compile.end(session)
+            lowered.early = None
     lowered.seconds["llvm"] = time.perf_counter() - start
     return CompiledModel(lowered, jit, bodies)
 

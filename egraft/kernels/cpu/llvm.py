@@ -34,6 +34,8 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 
+from egraft.kernels.cpu import early_compile
+
 LOCK = threading.Lock()
 
 
@@ -304,15 +306,17 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def compile_objects(modules: Sequence[str | DeferredModule],
-                    use_cache: bool = True) -> tuple[list[bytes], list[bool]]:
+def compile_objects(modules: Sequence[str | DeferredModule], use_cache: bool = True,
+                    early: early_compile.Session | None = None) -> tuple[list[bytes], list[bool]]:
     """The object code of each module and whether it came from the disk cache (keyed by
     :func:`object_key`: a module compiled for any model before is not compiled again).
 
     The modules to compile are shared out, largest first, between this process and up to
     :func:`compile_jobs` - 1 helper processes (:mod:`egraft.kernels.cpu.object_worker`;
     llvmlite serializes every call into LLVM, so threads would not run in parallel); each
-    takes the next module as soon as it is done with one.
+    takes the next module as soon as it is done with one. ``early``: the session of the
+    lowering that made the modules (:mod:`egraft.kernels.cpu.early_compile`), whose helper
+    started on them already.
     """
     objects: list[bytes | None] = [None] * len(modules)
     keys = [object_key(m) if isinstance(m, str) else object_key(m.key) for m in modules]
@@ -327,6 +331,16 @@ def compile_objects(modules: Sequence[str | DeferredModule],
         if objects[i] is None:
             first.setdefault(key, i)
     pending = sorted(first.values(), key=lambda i: -len(module_texts[i]))
+    if pending and early is not None:  # begun while the model was lowered
+        made = early.take_all(object_code)
+        early = {i: made[keys[i]] for i in pending if keys[i] in made}
+        for i, data in early.items():
+            if use_cache:
+                _store_object(paths[i], data)
+            for j, key in enumerate(keys):
+                if key == keys[i]:
+                    objects[j] = data
+        pending = [i for i in pending if i not in early]
     if pending:
         helpers = min(compile_jobs(), len(pending)) - 1
         if sum(len(module_texts[i]) for i in pending) < PARALLEL_MIN_CHARS:
@@ -339,6 +353,17 @@ def compile_objects(modules: Sequence[str | DeferredModule],
             if objects[i] is None:
                 objects[i] = done[first[key]]
     return objects, hits  # type: ignore[return-value]
+
+
+def submit_early(module_text: str) -> None:
+    """Start compiling ``module_text`` now when a lowering's session is under way
+    (:mod:`egraft.kernels.cpu.early_compile`) and the disk cache has no object for it."""
+    session = early_compile.current()
+    if session is None:
+        return
+    key = object_key(module_text)
+    if not (cache_dir() / "objects" / f"{key}.o").exists():
+        session.submit(key, module_text)
 
 
 def _compile_shared(module_texts: Sequence[str], pending: list[int], helpers: int) -> dict[int, bytes]:
@@ -420,15 +445,17 @@ class JitModule:
     """
 
     def __init__(self, modules: str | DeferredModule | Sequence[str | DeferredModule], use_cache: bool = True,
-                 compiled: tuple[list[bytes], list[bool]] | None = None):
+                 compiled: tuple[list[bytes], list[bool]] | None = None,
+                 early: early_compile.Session | None = None):
         """``compiled``: what :func:`compile_objects` returned for ``modules`` when the caller
-        already ran it (with more modules beside: the library), so nothing is read twice."""
+        already ran it (with more modules beside: the library), so nothing is read twice;
+        ``early``: see :func:`compile_objects`."""
         import time
 
         initialized()
         start = time.perf_counter()
         texts = [modules] if isinstance(modules, str | DeferredModule) else list(modules)
-        objects, hits = compiled if compiled is not None else compile_objects(texts, use_cache)
+        objects, hits = compiled if compiled is not None else compile_objects(texts, use_cache, early)
         self.cached = all(hits)
         self.compiled = len(texts) - sum(hits)
         with LOCK:
