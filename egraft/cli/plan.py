@@ -72,7 +72,7 @@ def optimize(
     shape: Annotated[list[str] | None, typer.Option("--shape", help="Bind a symbolic dim: NAME=INT.")] = None,
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
-    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 5.0,
+    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 4.0,
     cost_model: Annotated[str, typer.Option("--cost-model", help="nodes, flops or roofline.")] = "roofline",
     target: Annotated[str, typer.Option("--target", help="cpu or cuda: picks the roofline profile.")] = "cpu",
     profile: Annotated[str | None, typer.Option(
@@ -161,7 +161,7 @@ def plan(
     time_limit: TimeLimitOption = 30.0,
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
-    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 5.0,
+    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 4.0,
     reproducible: Annotated[bool, typer.Option(
         "--reproducible",
         help="Leave out what measures the run (timings; a time-limited ILP's gap and bound): the file is "

@@ -222,16 +222,25 @@ class EGraphState:
     def union_refs(self, a: int, b: int) -> None:
         self.pending.append(f"(union ({_REF} {a}) ({_REF} {b}))")
 
-    def flush(self) -> None:
-        """Send the queued commands to egglog, each batch as one rule run once (module docstring)."""
+    def flush(self, deadline: float | None = None) -> bool:
+        """Send the queued commands to egglog, each batch as one rule run once (module docstring).
+        Past ``deadline`` (``time.perf_counter()``) the rest is dropped: True then. Each command
+        is whole (a term names only handles made before it), so a cut leaves at worst the terms
+        of one rewrite without their union: e-classes nothing reads."""
+        import time
+
         raw = self.egraph._egraph
         for start in range(0, len(self.pending), BATCH):
+            if deadline is not None and time.perf_counter() > deadline:
+                self.pending.clear()
+                return True
             name = f"flush{self._batches}"
             self._batches += 1
             actions = " ".join(self.pending[start:start + BATCH])
             raw.run_program(*raw.parse_program(f"(ruleset {name})\n(rule () ({actions}) :ruleset {name})\n"
                                                f"(run {name} 1)"))
         self.pending.clear()
+        return False
 
     @classmethod
     def from_graph(cls, graph: Graph) -> EGraphState:
