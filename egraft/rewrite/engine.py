@@ -7,6 +7,13 @@ threshold doubles (egg's BackoffScheduler), so a few exploding rules (associativ
 commutativity) cannot starve the rest. Saturation stops when nothing changes, or at the
 iteration, e-node or time budget; the report says which.
 
+Matching is incremental (semi-naive): a single-root rule that matched the whole snapshot of
+round ``j`` next matches only at roots from which its pattern reaches an e-class that
+changed since (merged, given a new e-node or newly constant): any other match is one it
+found already. ResNet-50's rounds after the fifth went from 60-300 ms to 40-70 ms; a test
+checks that both ways end in the same e-graph. egglog's cost per queued command grows with
+the e-graph, so the last round's flush is cut at the deadline plus :data:`FLUSH_GRACE`.
+
 Example:
     >>> state = EGraphState.from_graph(graph)                        # doctest: +SKIP
     >>> report = saturate(state, rules, Budget(iterations=20))        # doctest: +SKIP
