@@ -250,5 +250,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         if not changed and not any_banned:
             stop = "saturated"
             break
+        if not changed:  # only banned rules are left to run: they run next round (egg's back-off does the same)
+            for name in banned_until:
+                banned_until[name] = min(banned_until[name], iteration + 1)
     return SaturationReport(iteration, stop, nodes_before, snapshot.num_nodes, len(snapshot.classes),
                             time.perf_counter() - start, stats)
