@@ -97,6 +97,12 @@ CONV_CASES = [
     ((1, 3, 4, 5), (2, 3, 3, 3), dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[3, 3])),
     ((2, 4, 33), (6, 4, 3), dict(pads=[1, 1])),  # 1-D
     ((1, 6, 50), (4, 3, 5), dict(pads=[2, 1], strides=[2], dilations=[2], group=2)),  # 1-D strided, grouped
+    # rows narrower than the host's vector (run on narrower vectors): 14, 7, 5 and 15 wide
+    ((1, 24, 14, 14), (24, 1, 3, 3), dict(group=24, pads=[1, 1, 1, 1])),  # ShuffleNet's depthwise
+    ((1, 16, 7, 7), (16, 1, 3, 3), dict(group=16, pads=[1, 1, 1, 1])),
+    ((1, 8, 5, 15), (8, 1, 3, 3), dict(group=8, pads=[1, 1, 1, 1])),
+    ((1, 12, 28, 28), (12, 1, 3, 3), dict(group=12, strides=[2, 2], pads=[1, 1, 1, 1])),  # 14 wide, strided
+    ((1, 16, 7, 7), (24, 4, 1, 1), dict(group=4)),  # grouped 1x1 on a 7x7 map
 ]
 
 

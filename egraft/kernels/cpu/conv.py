@@ -265,7 +265,12 @@ class ConvEmitter:
         self.ctx, self.geo, self.operands = ctx, geo, operands
         self.b = ctx.builder
         self.t = _float_type(ctx, [0, 1] + [i for i in (operands.bias, operands.residual) if i is not None])
+        g = geo
         self.width = max(1, host_vector_bits() // (32 if str(self.t) == "float" else 64))
+        # narrow rows on narrower vectors: 14 pixels ran scalar with 16 lanes (AVX-512); strided rows
+        # keep at least two vectors of interior columns (the rest runs scalar)
+        while self.width > 4 and g.out_w < self.width * (1 if g.stride_w == 1 else 2):
+            self.width //= 2
         self.x, self.w, self.y = ctx.in_ptr(0), ctx.in_ptr(1), ctx.out_ptr(0)
         self.bias = ctx.in_ptr(operands.bias) if operands.bias is not None else None
         self.z = ctx.in_ptr(operands.residual) if operands.residual is not None else None
