@@ -88,6 +88,21 @@ def test_dims_equal_is_sound_and_refutes_different_dims():
     assert dims_equal(sympy.floor((h - 1) / 2) + 1, sympy.ceiling(h / 2))
 
 
+def test_a_maximum_of_canonical_dims_is_kept_as_simplify_would_keep_it():
+    # ppocr_v4_det's nested maxima of feature-map sides: each argument canonical already, the
+    # maximum is taken as sympy built it (no simplify); simplify gives the same expression
+    import egraft.ir.dims as dims
+
+    h = sym("h_max_test")
+    side = [dims.simplify_dim(sympy.floor((h - 1) / s) + 1) for s in (4, 8, 16, 32)]
+    inner = sympy.Max(2 * side[3] + 1, side[2])
+    nested = sympy.Max(side[0], 2 * sympy.Max(side[1], 2 * inner))
+    for expr in (inner, nested, 3 * nested + side[0], sympy.Min(side[1], side[2])):
+        assert dims.simplify_dim(expr) == sympy.simplify(expr)
+    assert dims._built_from_canonical(nested)
+    assert not dims._built_from_canonical(sympy.Max(h, (h ** 2 - 1) / (h - 1), evaluate=False))  # h + 1 in disguise
+
+
 def test_dims_equal_proves_a_detectors_upsampled_sides_by_residues():
     """A detector adds a feature map upsampled 2x to one downsampled once less: its sides
     ``2*floor((h - 1)/32) + 2`` and ``floor((h - 1)/16) + 1`` differ, and the broadcast keeps
