@@ -97,7 +97,7 @@ class KernelMemo:
         if key is None:
             return None
         for emission in self._records.get(key, ()):
-            if all(node.inputs[i].const == key for i, key in emission.values_read):
+            if all(node.inputs[i].const == digest for i, digest in emission.values_read):
                 self.hits += 1
                 return emission
         return None

@@ -25,6 +25,7 @@ quadratically with its actions (200 per rule took 6.5 s), hence the small batche
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -227,8 +228,6 @@ class EGraphState:
         Past ``deadline`` (``time.perf_counter()``) the rest is dropped: True then. Each command
         is whole (a term names only handles made before it), so a cut leaves at worst the terms
         of one rewrite without their union: e-classes nothing reads."""
-        import time
-
         raw = self.egraph._egraph
         for start in range(0, len(self.pending), BATCH):
             if deadline is not None and time.perf_counter() > deadline:

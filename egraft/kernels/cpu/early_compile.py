@@ -23,8 +23,6 @@ Example::
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections import deque
 
@@ -75,30 +73,21 @@ class Session:
             self.lock.notify_all()
 
     def _serve(self) -> None:
-        from egraft.kernels.cpu.object_worker import receive, send
+        from egraft.kernels.cpu.object_worker import Helper
 
         try:
-            process = subprocess.Popen([sys.executable, "-m", "egraft.kernels.cpu.object_worker"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            helper = Helper()
         except OSError:
             return  # no helper: compile_objects compiles everything here
         try:
             while (job := self._next()) is not None:
                 key, text = job
-                try:
-                    send(process.stdin, text.encode())
-                    reply = receive(process.stdout)
-                except OSError:
-                    reply = None
+                reply = helper.compile(text)
                 self._finish(key, reply)
                 if reply is None:
                     return  # a broken helper: what is left is compiled by compile_objects
         finally:
-            try:
-                process.stdin.close()
-            except OSError:
-                pass
-            process.wait()
+            helper.close()
 
     def take_all(self, compile_here) -> dict[str, bytes]:
         """Every object made or still to make: compiles the queued modules here (``compile_here``,

@@ -210,6 +210,11 @@ def evict(keep: Path | None = None, limit: int | None = None) -> int:
     return removed
 
 
+def object_path(key: str) -> Path:
+    """Where the disk cache keeps the object code of :func:`object_key` ``key``."""
+    return cache_dir() / "objects" / f"{key}.o"
+
+
 def object_key(module_text: str) -> str:
     """The cache key of a module's object code: its IR, the host CPU and llvmlite's version."""
     h = hashlib.sha256()
@@ -320,7 +325,7 @@ def compile_objects(modules: Sequence[str | DeferredModule], use_cache: bool = T
     """
     objects: list[bytes | None] = [None] * len(modules)
     keys = [object_key(m) if isinstance(m, str) else object_key(m.key) for m in modules]
-    paths = [cache_dir() / "objects" / f"{key}.o" for key in keys]
+    paths = [object_path(key) for key in keys]
     if use_cache:
         for i, path in enumerate(paths):
             objects[i] = _verified_object(path)
@@ -331,27 +336,22 @@ def compile_objects(modules: Sequence[str | DeferredModule], use_cache: bool = T
         if objects[i] is None:
             first.setdefault(key, i)
     pending = sorted(first.values(), key=lambda i: -len(module_texts[i]))
+    done: dict[int, bytes] = {}
     if pending and early is not None:  # begun while the model was lowered
         made = early.take_all(object_code)
-        early = {i: made[keys[i]] for i in pending if keys[i] in made}
-        for i, data in early.items():
-            if use_cache:
-                _store_object(paths[i], data)
-            for j, key in enumerate(keys):
-                if key == keys[i]:
-                    objects[j] = data
-        pending = [i for i in pending if i not in early]
+        done = {i: made[keys[i]] for i in pending if keys[i] in made}
+        pending = [i for i in pending if i not in done]
     if pending:
         helpers = min(compile_jobs(), len(pending)) - 1
         if sum(len(module_texts[i]) for i in pending) < PARALLEL_MIN_CHARS:
             helpers = 0
-        done = _compile_shared(module_texts, pending, helpers)
-        for i in pending:
-            if use_cache:
-                _store_object(paths[i], done[i])
-        for i, key in enumerate(keys):
-            if objects[i] is None:
-                objects[i] = done[first[key]]
+        done.update(_compile_shared(module_texts, pending, helpers))
+    if use_cache:
+        for i, data in done.items():
+            _store_object(paths[i], data)
+    for i, key in enumerate(keys):
+        if objects[i] is None:
+            objects[i] = done[first[key]]
     return objects, hits  # type: ignore[return-value]
 
 
@@ -362,15 +362,13 @@ def submit_early(module_text: str) -> None:
     if session is None:
         return
     key = object_key(module_text)
-    if not (cache_dir() / "objects" / f"{key}.o").exists():
+    if not object_path(key).exists():
         session.submit(key, module_text)
 
 
 def _compile_shared(module_texts: Sequence[str], pending: list[int], helpers: int) -> dict[int, bytes]:
     """Compile ``pending`` (indices into ``module_texts``) here and in ``helpers`` processes."""
     import queue
-    import subprocess
-    import sys
 
     jobs: queue.SimpleQueue[int] = queue.SimpleQueue()
     for i in pending:
@@ -384,24 +382,21 @@ def _compile_shared(module_texts: Sequence[str], pending: list[int], helpers: in
             return None
 
     def helper() -> None:
-        try:
-            process = subprocess.Popen([sys.executable, "-m", "egraft.kernels.cpu.object_worker"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        except OSError:
-            return  # no helper: this process compiles everything
-        from egraft.kernels.cpu.object_worker import receive, send
+        from egraft.kernels.cpu.object_worker import Helper
 
         try:
+            process = Helper()
+        except OSError:
+            return  # no helper: this process compiles everything
+        try:
             while (i := next_job()) is not None:
-                send(process.stdin, module_texts[i].encode())
-                reply = receive(process.stdout)
+                reply = process.compile(module_texts[i])
                 if reply is None:  # the helper failed: compile it here (and raise its error here)
                     jobs.put(i)
                     break
                 done[i] = reply
         finally:
-            process.stdin.close()
-            process.wait()
+            process.close()
 
     threads = [threading.Thread(target=helper, daemon=True) for _ in range(helpers)]
     for t in threads:

@@ -10,6 +10,7 @@ Run as ``python -m egraft.kernels.cpu.object_worker`` (it imports llvmlite, noth
 from __future__ import annotations
 
 import struct
+import subprocess
 import sys
 from typing import BinaryIO
 
@@ -34,6 +35,37 @@ def receive(stream: BinaryIO) -> bytes | None:
         return None
     data = stream.read(size)
     return data if len(data) == size else None
+
+
+class Helper:
+    """One helper process, seen from its parent: :meth:`compile` hands it a module and returns
+    its object code (``None`` when it could not: the parent compiles that module itself).
+    Starting one raises ``OSError`` where no process can be started.
+
+    Example::
+
+        >>> helper = Helper()                        # doctest: +SKIP
+        >>> data = helper.compile(module_text)       # doctest: +SKIP
+        >>> helper.close()                           # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "egraft.kernels.cpu.object_worker"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def compile(self, module_text: str) -> bytes | None:
+        try:
+            send(self.process.stdin, module_text.encode())
+            return receive(self.process.stdout)
+        except OSError:  # the helper died
+            return None
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        self.process.wait()
 
 
 def main() -> None:
