@@ -39,10 +39,12 @@ def call_in_worker(target: str, *args):
     """``module:function(*args)`` in a fresh low-priority Python process; its result.
     Raises ``RuntimeError`` with the worker's last error line when it fails."""
     from egraft.compile_cache import _source_digest
+    from egraft.kernels.cpu.llvm import cache_dir
 
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-               EGRAFT_SOURCE_DIGEST=_source_digest())  # cache entries keyed as this process looks them up
+               EGRAFT_SOURCE_DIGEST=_source_digest(),  # cache entries keyed as this process looks them up
+               EGRAFT_CACHE_DIR=str(cache_dir()))  # and stored where it looks (a pinned folder included)
     with tempfile.TemporaryDirectory(prefix="egraft-worker-") as folder:
         request, result = Path(folder) / "request.pkl", Path(folder) / "result.pkl"
         request.write_bytes(pickle.dumps((target, args)))

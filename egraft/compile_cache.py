@@ -15,6 +15,7 @@ only its packed copy is read through unpacked from it on demand (``restore``, :c
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import hashlib
 import os
@@ -366,7 +367,9 @@ def write_entry_in_background(entry: Path, lowered) -> None:
                 if _PENDING.get(entry) is threading.current_thread():
                     del _PENDING[entry]
 
-    thread = threading.Thread(target=write, name=f"egraft-cache-write-{entry.stem[:8]}")
+    # in the caller's context: eviction sees the folder it wrote to (llvm.pinned_cache_dir)
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(write,),
+                              name=f"egraft-cache-write-{entry.stem[:8]}")
     with _PENDING_LOCK:
         previous = _PENDING.get(entry)
         _PENDING[entry] = thread

@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import sympy
 
+from egraft.kernels.cpu.llvm import cache_dir, pinned_cache_dir
+
 #: Bindings that get their own variant, per compiled model.
 MAX_VARIANTS = 8
 #: The ``specialize`` settings ``egraft.compile`` takes.
@@ -158,10 +160,16 @@ class SpecializingModel:
                 self._state[key] = "generic (variant limit reached)"
                 return
             self._state[key] = "building"
-        threading.Thread(target=self._build, args=(key,), daemon=True, name="egraft-variant").start()
+        folder = cache_dir()  # the cache of the compile that asks, even if $EGRAFT_CACHE_DIR changes meanwhile
+        threading.Thread(target=self._build, args=(key, folder), daemon=True, name="egraft-variant").start()
 
-    def _build(self, key: tuple) -> None:
-        """On a thread of its own: the worker builds the variant, then it is read from the cache."""
+    def _build(self, key: tuple, folder: Path) -> None:
+        """On a thread of its own: the worker builds the variant into the cache ``folder``, then it is
+        read from there."""
+        with pinned_cache_dir(folder):
+            self._build_pinned(key)
+
+    def _build_pinned(self, key: tuple) -> None:
         import egraft
         from egraft.background import call_in_worker
 

@@ -18,7 +18,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import egraft
 from egraft.errors import ShapeInferenceError
+from egraft.extract.cost import as_cost_model
+from egraft.extract.extractor import extract
 from egraft.extract.greedy import FREE_OPS, extract_graph
+from egraft.extract.program import rebuild_graph, rebuild_outputs
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.infer import FreshDims, infer_node
 from egraft.ir.ops.fused import DOMAIN
@@ -233,6 +236,39 @@ def test_3x3_stride_1_convs_get_a_winograd_twin_with_folded_weights(opset):
     assert scale_relative_error(exported, reference) <= 1e-5
     # by node count the plain Convs stay (a tie, broken towards the standard op)
     assert "WinogradConv" not in extract_graph(state.snapshot()).op_histogram()
+
+
+@pytest.mark.parametrize("extractor", ["greedy", "ilp"])
+def test_unfolded_winograd_weights_are_never_extracted(extractor):
+    """A saturation that stops before folding G w G^T (a deadline, folding switched off) leaves
+    WinogradConv(x, w, WinogradWeights(w)): extraction takes the plain Conv instead of running
+    the transform on every call, however cheap the cost model calls WinogradConv."""
+    model = conv_net(17)
+    rules = [r for f in load_rules() if f.ruleset == "specialization" for r in f.rules]  # no folding
+    state = EGraphState.from_graph(egraft.load(model))
+    assert saturate(state, rules).rules["winograd_conv"].applied == 1
+    snapshot = state.snapshot()
+    roots = [c for c, _, _ in rebuild_outputs(snapshot)]
+    cost = as_cost_model(lambda n: 0.0 if n.op == "WinogradWeights" else winograd_cost(n))  # free, if it could
+    chosen = extract(snapshot, cost, extractor, roots)
+    graph = rebuild_graph(snapshot, chosen.choice)
+    assert graph.op_histogram() == {"Conv": 5}
+    feeds = {"x": randn(2, 3, 9, 11)}
+    assert scale_relative_error(graph.run(feeds)["e"], run_onnxruntime(model, feeds, exact=True)["e"]) <= 1e-5
+
+
+def test_a_compile_without_folding_runs_every_node_on_generated_code():
+    """64 -> 64 channels on 28x28, where the roofline model prefers Winograd once G w G^T is a
+    constant; with folding off it is not, so the plain Conv is compiled."""
+    x, w = randn(1, 64, 28, 28), randn(64, 64, 3, 3)
+    model = conv_model(x, w, randn(64), {"pads": [1, 1, 1, 1]})
+    folded = egraft.compile(model, use_cache=False, specialize="off")
+    assert "WinogradConv" in folded.graph.op_histogram()
+    compiled = egraft.compile(model, rules_off=["folding"], use_cache=False, specialize="off")
+    assert compiled.report().fallbacks == []
+    assert not {"WinogradConv", "WinogradWeights"} & set(compiled.graph.op_histogram())
+    reference = run_onnxruntime(model, {"x": x}, exact=True)["y"]
+    assert scale_relative_error(compiled.run({"x": x})["y"], reference) <= 1e-4
 
 
 # ---- binding symbolic dims --------------------------------------------------------------------------

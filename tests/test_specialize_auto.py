@@ -65,6 +65,27 @@ def test_a_new_shape_runs_generic_at_once_then_its_variant(cache):
     assert compiled.variants[(("h", 5), ("n", 2), ("w", 7))] == "ready"
 
 
+def test_a_variant_goes_to_the_cache_of_the_compile_that_asked_for_it(tmp_path, monkeypatch):
+    """$EGRAFT_CACHE_DIR changes (another test's cache, another job's) between the call that asks for a
+    variant and its build: the worker still builds into the first folder, and the variant is read
+    back from there; the second folder gets nothing."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(first))
+    model = conv_model()
+    compiled = egraft.compile(model.SerializeToString(), specialize="auto", use_cache=False)
+    x = np.random.default_rng(5).normal(0, 1, (1, 8, 6, 9)).astype(np.float32)
+    with egraft.specializing._ONE_BUILD:  # the build waits until the environment has changed
+        compiled.run({"x": x})
+        monkeypatch.setenv("EGRAFT_CACHE_DIR", str(second))
+    compiled.wait(timeout=300)
+    key = (("h", 6), ("n", 1), ("w", 9))
+    assert compiled.variants == {key: "ready"}
+    assert compiled._ready[key].cache_hit  # read back from the folder the worker wrote to
+    assert list(first.glob("compiled/*.json"))
+    assert not second.exists() or not list(second.rglob("*.json"))
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], reference(model, x), rtol=1e-4, atol=1e-5)
+
+
 def test_bindings_past_the_limit_stay_generic(cache, monkeypatch):
     monkeypatch.setattr(egraft.specializing, "MAX_VARIANTS", 1)
     model = conv_model()

@@ -22,11 +22,13 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from egraft.errors import EgraftError
 from egraft.extract.profiles import Profile, load_profile
 from egraft.ir.graph import Graph, Node
+from egraft.ir.registry import get_op
 from egraft.ir.work import Work, op_work
 from egraft.rewrite.egraph import ABSENT, CONST, INPUT, OUT, ENode, Snapshot
 
@@ -83,7 +85,8 @@ class CostModel:
         return self.op_cost(self.work(snapshot, c, node), node)
 
     def table(self, snapshot: Snapshot) -> dict[int, list[float]]:
-        """The cost of every e-node: class -> costs in the order of ``snapshot.classes[c]``."""
+        """The cost of every e-node: class -> costs in the order of ``snapshot.classes[c]``
+        (``math.inf`` for an :func:`unextractable` one)."""
         memo: dict[tuple, float] = {}
         input_keys: dict[int, object] = {}  # e-class -> its type as an input
 
@@ -101,6 +104,9 @@ class CostModel:
                 if n.op in FREE_OPS:
                     costs.append(0)
                     continue
+                if unextractable(n):
+                    costs.append(math.inf)
+                    continue
                 if own_key is None:
                     own_key = _type_key(snapshot.type_of(c))
                 key = (n.op, n.domain, n.attrs, own_key, tuple(input_key(ch) for ch in n.children))
@@ -109,6 +115,19 @@ class CostModel:
                 costs.append(memo[key])
             out[c] = costs
         return out
+
+
+def unextractable(node: ENode) -> bool:
+    """Whether extraction must not pick ``node``: an op that exists only to be folded
+    (``OpDef.folded_only``, e.g. ``WinogradWeights``); its cost in :meth:`CostModel.table`
+    is infinite and the extractors skip it.
+
+    Example:
+        >>> unextractable(ENode("WinogradWeights", "com.egraft", "", (4,)))
+        True
+    """
+    op = get_op(node.op, node.domain)
+    return op is not None and op.folded_only
 
 
 def _type_key(t):

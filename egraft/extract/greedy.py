@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+
 from egraft.extract.cost import FREE_OPS, CostModel, NodeCount, as_cost_model
 from egraft.extract.program import CostTable, Extraction, dag_cost, rebuild_graph, rebuild_outputs
 from egraft.ir.graph import Graph
@@ -48,8 +50,8 @@ def greedy_choice(snapshot: Snapshot, table: CostTable, max_passes: int = 50) ->
                 last = priced_at.get((c, i))
                 if last is not None and all(improved_at[ch] <= last for ch in n.children):
                     continue
-                if any(ch not in best for ch in n.children):
-                    continue
+                if any(ch not in best for ch in n.children) or table[c][i] == math.inf:
+                    continue  # a child with no choice yet, or an e-node extraction must not pick
                 priced_at[(c, i)] = tick
                 reached: dict[int, float] = {}
                 for ch in n.children:

@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -113,10 +114,14 @@ def extract_ilp(snapshot: Snapshot, model: CostModel, roots: list[int], time_lim
     # Variables: e-nodes that are not self-loops.
     var_of: dict[tuple[int, int], int] = {}
     nodes: list[tuple[int, int]] = []
+    self_loops = 0
     for c in classes:
         for i, n in enumerate(snapshot.classes[c]):
             if c in n.children:
+                self_loops += 1
                 continue
+            if table[c][i] == math.inf:
+                continue  # an e-node extraction must not pick (cost.unextractable)
             var_of[(c, i)] = len(nodes)
             nodes.append((c, i))
     class_vars: dict[int, list[int]] = {c: [] for c in classes}
@@ -162,7 +167,7 @@ def extract_ilp(snapshot: Snapshot, model: CostModel, roots: list[int], time_lim
     integrality = np.concatenate([np.ones(len(nodes)), np.zeros(len(cyclic))])
     upper = np.concatenate([np.ones(len(nodes)), np.full(len(cyclic), float(max(comp_size.values(), default=1)))])
     problem = {"variables": n_vars, "constraints": len(lo), "eclasses": len(classes), "cyclic_eclasses": len(cyclic),
-               "pruned_self_loops": sum(len(snapshot.classes[c]) for c in classes) - len(nodes)}
+               "pruned_self_loops": self_loops}
     remaining = max(time_limit - (time.perf_counter() - start), 0.1)
     result = milp(cost, constraints=LinearConstraint(matrix, lo, hi), integrality=integrality,
                   bounds=Bounds(np.zeros(n_vars), upper),

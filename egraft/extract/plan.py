@@ -39,12 +39,15 @@ MAX_ALTERNATIVES = 8
 SHIPPED_RULES = Path(__file__).resolve().parent.parent / "rules"
 
 
-def _number(x: float) -> float | int:
+def _number(x: float) -> float | int | None:
     """A cost as JSON: integers stay integers, floats are rounded to 6 significant digits
-    (estimates, and a stable printed form)."""
+    (estimates, and a stable printed form); ``None`` for an infinite one (an e-node
+    extraction must not pick)."""
     if isinstance(x, int | np.integer):
         return int(x)
     x = float(x)
+    if not np.isfinite(x):
+        return None
     if x == int(x) and abs(x) < 2**53:
         return int(x)
     return float(f"{x:.6g}")

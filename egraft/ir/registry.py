@@ -63,6 +63,10 @@ class OpDef:
         work: ``WorkContext -> Work``: the arithmetic and memory traffic of one run of the
             op at given shapes, read by the cost models (see :mod:`egraft.ir.work`);
             ``None`` counts one operation per output element.
+        folded_only: an op that rules build only for the folding rules to evaluate (its
+            inputs are constants, it has no kernel): extraction never picks it unfolded
+            (as egglog's ``:unextractable``), so a saturation stopped before the fold
+            picks another alternative instead of running the op on every call.
     """
 
     name: str
@@ -74,6 +78,7 @@ class OpDef:
     doc: str = ""
     onnx_function: Callable | None = None
     work: Callable | None = None
+    folded_only: bool = False
 
     @property
     def is_standard(self) -> bool:
@@ -108,9 +113,10 @@ def register_op(
     attrs: dict[str, AttrSpec] | None = None,
     doc: str = "",
     onnx_function: Callable | None = None,
+    folded_only: bool = False,
 ) -> OpDef:
     """Add an op to the registry (or replace its entry) and return its definition."""
-    op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function)
+    op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function, folded_only=folded_only)
     _REGISTRY[(domain, name)] = op
     return op
 

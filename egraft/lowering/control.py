@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from egraft.ir.infer import FreshDims, infer_node
 from egraft.ir.ops.control import node_captures, onnx_input_count
 from egraft.ir.types import TensorType
 from egraft.kernels.cpu.emit import Unsupported
+from egraft.kernels.cpu.llvm import cache_dir, pinned_cache_dir
 
 #: Ops whose bodies are compiled into sub-programs.
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
@@ -363,18 +365,21 @@ class RankedVariants:
             if len(self.variants) >= MAX_VARIANTS:
                 return
             self.variants[key] = None  # tried: a failure is not tried again
-            thread = threading.Thread(target=self._build, args=(key,), daemon=True, name="egraft-ranked-variant")
+            thread = threading.Thread(target=self._build, args=(key, cache_dir()), daemon=True,
+                                      name="egraft-ranked-variant")
             self._building.append(thread)
         thread.start()
 
-    def _build(self, key: tuple) -> None:
+    def _build(self, key: tuple, folder: Path) -> None:
+        """On a thread of its own, in the cache ``folder`` of the run that asked."""
         from egraft.background import call_in_worker
         from egraft.lowering.compile import compile_lowered
 
         try:
-            tag = hashlib.blake2b(repr(key).encode(), digest_size=3).hexdigest()
-            lowered = call_in_worker("egraft.lowering.control:lower_ranked", self.graph, dict(key), f"_v{tag}_")
-            variant = compile_lowered(lowered)  # the worker's object code, from the cache
+            with pinned_cache_dir(folder):
+                tag = hashlib.blake2b(repr(key).encode(), digest_size=3).hexdigest()
+                lowered = call_in_worker("egraft.lowering.control:lower_ranked", self.graph, dict(key), f"_v{tag}_")
+                variant = compile_lowered(lowered)  # the worker's object code, from the cache
         except Exception:  # a variant only saves time: whatever stops it, the generic program keeps serving
             return
         with self._lock:

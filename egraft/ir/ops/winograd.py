@@ -117,7 +117,7 @@ def _weights_function(node) -> onnx.FunctionProto:
 
 register_op(
     "WinogradWeights", domain=DOMAIN,
-    infer=_weights_infer, compute=_weights_compute, onnx_function=_weights_function,
+    infer=_weights_infer, compute=_weights_compute, onnx_function=_weights_function, folded_only=True,
     doc="G W G^T per 3x3 filter ([O, I, 3, 3] -> [O, I, 4, 4]): the Winograd F(2x2, 3x3) filter transform")
 
 

@@ -23,10 +23,12 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -69,13 +71,38 @@ def _target_machine():
     return target.create_target_machine(cpu=cpu, features=features, opt=3, jit=True)
 
 
+#: The cache folder of a background build, fixed when it was asked for (:func:`pinned_cache_dir`).
+_PINNED_CACHE_DIR: contextvars.ContextVar[Path | None] = contextvars.ContextVar("egraft_cache_dir", default=None)
+
+
 def cache_dir() -> Path:
     """Where compiled objects are kept: ``$EGRAFT_CACHE_DIR``, else ``$XDG_CACHE_HOME/egraft``,
-    else ``~/.cache/egraft`` (``objects/`` below it)."""
+    else ``~/.cache/egraft`` (``objects/`` below it); within :func:`pinned_cache_dir`, its folder."""
+    pinned = _PINNED_CACHE_DIR.get()
+    if pinned is not None:
+        return pinned
     if os.environ.get("EGRAFT_CACHE_DIR"):
         return Path(os.environ["EGRAFT_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "egraft"
+
+
+@contextmanager
+def pinned_cache_dir(folder: Path):
+    """Within the block, :func:`cache_dir` is ``folder`` whatever the environment says since:
+    a variant built in the background goes to (and is read back from) the cache of the
+    compile that asked for it, not wherever ``$EGRAFT_CACHE_DIR`` points by the time it runs.
+
+    Example:
+        >>> with pinned_cache_dir(Path("/tmp/c")):
+        ...     str(cache_dir())
+        '/tmp/c'
+    """
+    token = _PINNED_CACHE_DIR.set(Path(folder))
+    try:
+        yield Path(folder)
+    finally:
+        _PINNED_CACHE_DIR.reset(token)
 
 
 #: The cache's size cap when ``$EGRAFT_CACHE_MAX`` is not set (4 GiB).
