@@ -42,6 +42,9 @@ class CostModel:
 
     name = "cost"
     unit = ""
+    #: Whether :func:`unextractable` e-nodes may be picked too: the soundness checker runs a
+    #: rule's replacement as the rule built it, before any fold (compiles never do).
+    picks_unfolded = False
 
     def __init__(self, bindings: Mapping[str, int] | None = None):
         self.bindings = dict(bindings or {})
@@ -104,7 +107,7 @@ class CostModel:
                 if n.op in FREE_OPS:
                     costs.append(0)
                     continue
-                if unextractable(n):
+                if not self.picks_unfolded and unextractable(n):
                     costs.append(math.inf)
                     continue
                 if own_key is None:

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import onnx.defs
 
+from egraft.extract.cost import NodeCount
 from egraft.extract.greedy import extract_refs
 from egraft.ir.dtypes import DType
 from egraft.ir.graph import Graph, Node, Value, content_hash
@@ -737,8 +738,10 @@ def _compare(state: EGraphState, graph: Graph, pairs: list[tuple[int, int]], fee
     state.flush()
     snapshot = state.snapshot()
     n = len(pairs)
-    before = extract_refs(snapshot, [r for r, _ in pairs], [f"before{i}" for i in range(n)])
-    after = extract_refs(snapshot, [r for _, r in pairs], [f"after{i}" for i in range(n)])
+    as_built = NodeCount()
+    as_built.picks_unfolded = True  # the replacement as the rule built it (WinogradWeights before its fold)
+    before = extract_refs(snapshot, [r for r, _ in pairs], [f"before{i}" for i in range(n)], cost=as_built)
+    after = extract_refs(snapshot, [r for _, r in pairs], [f"after{i}" for i in range(n)], cost=as_built)
     inputs = {v.name: str(v.type) for v in graph.inputs}
     constants = {v.name: _describe(graph.constants[v.const]) for v in _named_constants(graph)}
     max_abs, max_rel, worst_root = 0.0, 0.0, 0
