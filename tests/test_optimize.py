@@ -25,8 +25,9 @@ from egraft.testing.models import (
 
 #: Models whose e-graph HiGHS does not close within the time limit: residual Adds (ResNet's
 #: Sums are Adds) and channel Concats (Inception's branches, DenseNet's growth) that keep the
-#: blocked layout give their e-classes many near-equal alternatives.
-ILP_OPEN = {"resnet50", "inception_v1", "inception_v2", "densenet121"}
+#: blocked layout give their e-classes many near-equal alternatives. SqueezeNet's Concats close
+#: in 23-25 s on a quiet 2-core machine: too near the 30 s limit under a loaded CI run.
+ILP_OPEN = {"resnet50", "inception_v1", "inception_v2", "densenet121", "squeezenet"}
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
