@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import egraft
 from egraft.ir.ops.layout import DOMAIN, from_blocked, to_blocked
+from egraft.kernels.cpu import conv_nchwc
 from egraft.kernels.cpu.conv_nchwc import pack_weights, plan_columns
 from egraft.lowering.compile import compile_graph
 from egraft.testing.models import scale_relative_error
@@ -105,9 +106,17 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=[256, 512], ids=["8-lane vectors", "two blocks as 16-lane vectors"])
+def registers(request, monkeypatch):
+    """Both ways the kernel is emitted, whatever this host's registers: 8-lane vectors per block,
+    or a tile's two blocks as one 16-lane vector (512-bit hosts; LLVM splits it on others)."""
+    monkeypatch.setattr(conv_nchwc, "host_vector_bits", lambda: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("label, x_shape, out_channels, attrs", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
-def test_matches_onnxruntime(label, x_shape, out_channels, attrs, with_bias):
+def test_matches_onnxruntime(label, x_shape, out_channels, attrs, with_bias, registers):
     c = x_shape[1]
     kernel = (7, 7) if "7x7" in label else (1, 1) if "1x1" in label else (5, 5) if "5x5" in label else \
         (3, 1) if "3x1" in label else (5, 1) if "5x1" in label else (3, 3)
@@ -175,7 +184,7 @@ ACTIVATION_CASES = [("relu", []), ("leaky_relu", [0.1]), ("clip", [-0.5, 0.5]), 
 
 
 @pytest.mark.parametrize("activation, params", ACTIVATION_CASES)
-def test_residual_and_activation(activation, params):
+def test_residual_and_activation(activation, params, registers):
     """Every activation on the vectors of the epilogue (the fused op's reference computes it)."""
     x, w, b = randn(2, 32, 10, 15), randn(24, 32, 3, 3), randn(24)  # two chunks of input blocks
     attrs = {"pads": [1, 1, 1, 1], "strides": [1, 1]}

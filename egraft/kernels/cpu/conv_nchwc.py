@@ -67,6 +67,7 @@ from egraft.kernels.cpu.conv import (
     vector_pointer,
 )
 from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, llvm_type, register_packing, splat
+from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Channels per block of the layouts this kernel reads and writes (floats per vector).
 BLOCK = 8
@@ -232,6 +233,20 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
     return np.concatenate(panels).astype(np.float32)
 
 
+def concat(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
+    """One vector of ``low``'s lanes then ``high``'s (two blocks as one 16-lane vector)."""
+    n = low.type.count
+    return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), 2 * n), list(range(2 * n))))
+
+
+def halves(b: ir.IRBuilder, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The first and the second half of the lanes of ``v`` (a 16-lane vector as two blocks)."""
+    n = v.type.count // 2
+    undef = ir.Constant(v.type, None)
+    mask = [ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(k * n, (k + 1) * n))) for k in (0, 1)]
+    return b.shuffle_vector(v, undef, mask[0]), b.shuffle_vector(v, undef, mask[1])
+
+
 # ---- the emitter ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Chunk:
@@ -274,7 +289,6 @@ class NCHWcEmitter:
                  activation: str = "", params: Sequence[float] = ()):
         self.ctx, self.geo, self.b = ctx, geo, ctx.builder
         self.activation, self.params = activation, list(params)
-        self.vector = ir.VectorType(F32, BLOCK)
         self.x, self.y = ctx.in_ptr(0), ctx.out_ptr(0)
         #: the input's layout: channels per step (``lanes``), elements between two of them
         #: and between two pixels (blocked: 8, 1, 8; NCHW: C, H * W, 1), and input blocks
@@ -312,6 +326,8 @@ class NCHWcEmitter:
         self.tiles = channel_tiles(geo.out_channels)
         self.panel = geo.channels * geo.k_h * geo.k_w  # floats of packed weights per output channel
         self._outside: dict[int, ir.Value] = {}  # an NCHW padded pixel's pointer -> "outside the input"
+        #: a two-block tile as one 16-lane vector (hosts with 512-bit registers)
+        self.paired = host_vector_bits() >= 2 * BLOCK * 32
 
     # -- the loop nest
     def emit(self) -> None:
@@ -438,18 +454,30 @@ class NCHWcEmitter:
         vectors = row.vectors
         copies = accumulator_copies(pixels, vectors)
         width = vectors * BLOCK
-        slots = [[[ctx.alloca(self.vector, name=f"acc{c}_{j}_{v}") for v in range(vectors)] for j in range(pixels)]
+        # with 512-bit registers a tile's two blocks are one 16-lane vector (one weight load and one
+        # multiply-add per pixel and lane instead of two), split into the blocks at the end
+        paired = self.paired and vectors == TILE_VECTORS
+        lanes_per, held = (width, 1) if paired else (BLOCK, vectors)  # vector lanes, vectors per pixel
+        vector = ir.VectorType(F32, lanes_per)
+        copies = accumulator_copies(pixels, held)
+        slots = [[[ctx.alloca(vector, name=f"acc{c}_{j}_{v}") for v in range(held)] for j in range(pixels)]
                  for c in range(copies)]
-        zero = ir.Constant(self.vector, [0.0] * BLOCK)
+        zero = ir.Constant(vector, [0.0] * lanes_per)
         for c in range(copies):
             for j in range(pixels):
-                for v in range(vectors):
+                for v in range(held):
                     b.store(zero, slots[c][j][v])
         chunk = row.chunk
         if chunk.first is not True:  # a later chunk: start from the partial sums
             with b.if_then(b.not_(chunk.first)):
-                for j, v, at in self.output_vectors(row, ow0, pixels):
-                    b.store(b.load(vector_pointer(b, self.y, at, BLOCK), align=4), slots[0][j][v])
+                partial = {(j, v): b.load(vector_pointer(b, self.y, at, BLOCK), align=4)
+                           for j, v, at in self.output_vectors(row, ow0, pixels)}
+                for j in range(pixels):
+                    if paired:
+                        b.store(concat(b, partial[j, 0], partial[j, 1]), slots[0][j][0])
+                    else:
+                        for v in range(vectors):
+                            b.store(partial[j, v], slots[0][j][v])
         taps = geo.k_h * geo.k_w
         first_tap, end_tap = b.mul(row.kh_lo, const64(geo.k_w)), b.mul(row.kh_hi, const64(geo.k_w))
         lanes = self.lanes
@@ -463,17 +491,19 @@ class NCHWcEmitter:
                 pointers = self.pixel_pointers(x_tap, kw, pixels, first)
                 acc = [[[b.load(slot) for slot in per_pixel] for per_pixel in per_copy] for per_copy in slots]
                 for lane in range(lanes):
-                    ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * BLOCK), BLOCK), align=4)
-                          for v in range(vectors)]
+                    ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * lanes_per), lanes_per), align=4)
+                          for v in range(held)]
                     c = lane % copies
                     for j, pointer in enumerate(pointers):
-                        x = splat(b, self.pixel_value(pointer, lane), BLOCK)
+                        x = splat(b, self.pixel_value(pointer, lane), lanes_per)
                         acc[c][j] = [fmuladd(ctx, w, x, a) for w, a in zip(ws, acc[c][j])]
                 for per_copy, values in zip(slots, acc):
                     for per_pixel, pixel_values in zip(per_copy, values):
                         for slot, value in zip(per_pixel, pixel_values):
                             b.store(value, slot)
-        sums = [[self.sum_copies(slots, j, v) for v in range(vectors)] for j in range(pixels)]
+        sums = [[self.sum_copies(slots, j, v) for v in range(held)] for j in range(pixels)]
+        if paired:
+            sums = [list(halves(b, s[0])) for s in sums]
         if chunk.last is True:
             self.emit_epilogue(row, ow0, pixels, sums)
             return
