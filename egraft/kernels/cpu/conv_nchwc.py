@@ -195,24 +195,43 @@ def accumulator_copies(pixels: int, vectors: int) -> int:
     return max(1, min(-(-CHAINS // per_copy), MAX_ACCUMULATORS // per_copy))
 
 
-def channel_tiles(out_channels: int) -> list[int]:
-    """The vectors of each tile of output channels: two per tile, the last one alone when
-    ``out_channels % 16 == 8``.
+def channel_tiles(out_channels: int, tile: int = TILE_VECTORS) -> list[int]:
+    """The blocks of each tile of output channels: ``tile`` per tile (two, or four on 512-bit
+    hosts: :func:`tile_blocks`), the rest in a last, narrower one.
 
     Example:
-        >>> channel_tiles(24), channel_tiles(64)
-        ([2, 1], [2, 2, 2, 2])
+        >>> channel_tiles(24), channel_tiles(64), channel_tiles(56, 4)
+        ([2, 1], [2, 2, 2, 2], [4, 3])
     """
     blocks = out_channels // BLOCK
-    return [TILE_VECTORS] * (blocks // TILE_VECTORS) + [blocks % TILE_VECTORS] * (blocks % TILE_VECTORS > 0)
+    return [tile] * (blocks // tile) + [blocks % tile] * (blocks % tile > 0)
+
+
+def tile_blocks() -> int:
+    """Output blocks per channel tile on this host: 4 with 512-bit registers (two 16-lane
+    vectors per pixel), else :data:`TILE_VECTORS` (two 8-lane ones)."""
+    return 2 * TILE_VECTORS if host_vector_bits() >= 512 else TILE_VECTORS
+
+
+def vector_parts(blocks: int, paired: bool) -> list[tuple[int, int]]:
+    """How a tile of ``blocks`` output blocks is held per pixel: ``(first block, lanes)`` of
+    each vector, two blocks to a 16-lane vector when ``paired``.
+
+    Example:
+        >>> vector_parts(3, True), vector_parts(2, False)
+        ([(0, 16), (2, 8)], [(0, 8), (1, 8)])
+    """
+    if not paired:
+        return [(v, BLOCK) for v in range(blocks)]
+    return [(v, 2 * BLOCK) for v in range(0, blocks - 1, 2)] + [(blocks - 1, BLOCK)] * (blocks % 2)
 
 
 @register_packing("conv_nchwc.blocked", gather=True)
-def pack_weights(w: np.ndarray) -> np.ndarray:
+def pack_weights(w: np.ndarray, tile: int = TILE_VECTORS) -> np.ndarray:
     """ONNX weights ``[M, C, KH, KW]`` as the kernel reads them: per tile of output channels
-    (:func:`channel_tiles`), ``[C/8][KH][KW][8][width]`` with ``width`` its channels (16, or 8
-    for a last one-vector tile), the tiles one after the other, flat; with fewer than 8
-    input channels (an NCHW input), ``[1][KH][KW][C][width]``.
+    (:func:`channel_tiles` of ``tile`` blocks), ``[C/8][KH][KW][8][width]`` with ``width`` its
+    channels (16 or 32, fewer for a last narrower tile), the tiles one after the other, flat;
+    with fewer than 8 input channels (an NCHW input), ``[1][KH][KW][C][width]``.
 
     Example: the first 16 floats are the weights of input channel 0, tap (0, 0), for
     output channels 0..15:
@@ -225,7 +244,7 @@ def pack_weights(w: np.ndarray) -> np.ndarray:
     m, c, kh, kw = w.shape
     lanes = input_lanes(c)  # an NCHW input's few channels: one block of them
     panels, first = [], 0
-    for vectors in channel_tiles(m):
+    for vectors in channel_tiles(m, tile):
         width = vectors * BLOCK
         tile = w[first:first + width].reshape(width, c // lanes, lanes, kh, kw)
         panels.append(np.ascontiguousarray(tile.transpose(1, 3, 4, 2, 0)).reshape(-1))
@@ -297,13 +316,19 @@ class NCHWcEmitter:
         self.lane_stride = geo.in_h * geo.in_w if self.nchw else 1
         self.pixel = 1 if self.nchw else BLOCK
         self.in_blocks = max(1, geo.channels // BLOCK)
-        self.w, packed = ctx.packed_constant("packed_w", "conv_nchwc.blocked", 1)
+        #: output blocks per channel tile; with 512-bit registers two blocks are one 16-lane
+        #: vector (one weight load and one multiply-add per pixel and input lane instead of two),
+        #: and a tile is four blocks: 2 vectors x 6 pixels = 12 accumulators, as with 8 lanes
+        self.paired = host_vector_bits() >= 2 * BLOCK * 32
+        self.tile = tile_blocks()
+        self.w, packed = ctx.packed_constant("packed_w", "conv_nchwc.blocked", 1,
+                                             **({"tile": self.tile} if self.tile != TILE_VECTORS else {}))
         #: the work items in row-major order (every channel tile of a row, then the next row)
         #: when all the weights stay in L2: each input row is then read once from memory
         self.rows_outer = packed.nbytes <= RESIDENT_WEIGHT_BYTES
         #: input blocks per chunk: the chunk's weights of a channel tile stay in L1 while the
         #: tiles of the item's rows run over them (partial sums go through the output)
-        chunk_bytes = geo.k_h * geo.k_w * self.lanes * TILE_VECTORS * BLOCK * 4
+        chunk_bytes = geo.k_h * geo.k_w * self.lanes * self.tile * BLOCK * 4
         self.chunk_blocks = max(1, min(self.in_blocks, CHUNK_WEIGHT_BYTES // chunk_bytes))
         self.columns = plan_columns(geo)
         tiles_per_row = self.columns.loop_count + len(self.columns.edges)
@@ -313,7 +338,7 @@ class NCHWcEmitter:
         #: they are read from memory as few times as that allows
         rows = -(-MIN_TILES_PER_CHUNK // tiles_per_row) if chunked else 1
         if not self.rows_outer:
-            rows = max(rows, geo.out_h // -(-MIN_ITEMS // len(channel_tiles(geo.out_channels))))
+            rows = max(rows, geo.out_h // -(-MIN_ITEMS // len(channel_tiles(geo.out_channels, self.tile))))
         self.rows_per_item = max(1, min(geo.out_h, rows))
         self.bias = ctx.in_ptr(bias) if bias is not None else None
         self.z = ctx.in_ptr(residual) if residual is not None else None
@@ -323,17 +348,15 @@ class NCHWcEmitter:
         self.tap_offset = constant_table(ctx, "tap_offset", [(kh * geo.in_w + kw) * self.pixel for kh, kw in taps])
         self.tap_column = constant_table(ctx, "tap_column", [kw for _, kw in taps])
         self.zeros = constant_table(ctx, "zeros", [0.0] * BLOCK, F32)
-        self.tiles = channel_tiles(geo.out_channels)
+        self.tiles = channel_tiles(geo.out_channels, self.tile)
         self.panel = geo.channels * geo.k_h * geo.k_w  # floats of packed weights per output channel
         self._outside: dict[int, ir.Value] = {}  # an NCHW padded pixel's pointer -> "outside the input"
-        #: a two-block tile as one 16-lane vector (hosts with 512-bit registers)
-        self.paired = host_vector_bits() >= 2 * BLOCK * 32
 
     # -- the loop nest
     def emit(self) -> None:
         """Every image; this part's share of the (channel tile, block of output rows) items of each."""
         geo, b, ctx = self.geo, self.b, self.ctx
-        wide = self.tiles.count(TILE_VECTORS)
+        wide = self.tiles.count(self.tile)
         tiles = len(self.tiles)
         row_blocks = -(-geo.out_h // self.rows_per_item)
         lo, hi = ctx.share(tiles * row_blocks)
@@ -344,19 +367,19 @@ class NCHWcEmitter:
                 else:
                     tile, rows = b.sdiv(item, const64(row_blocks)), b.srem(item, const64(row_blocks))
                 if wide == len(self.tiles):
-                    self.emit_item(n, tile, rows, TILE_VECTORS)
-                else:  # the last tile is one vector wide
+                    self.emit_item(n, tile, rows, self.tile)
+                else:  # the last tile is narrower
                     with b.if_else(b.icmp_signed("<", tile, const64(wide))) as (then, otherwise):
                         with then:
-                            self.emit_item(n, tile, rows, TILE_VECTORS)
+                            self.emit_item(n, tile, rows, self.tile)
                         with otherwise:
-                            self.emit_item(n, tile, rows, 1)
+                            self.emit_item(n, tile, rows, self.tiles[-1])
 
     def emit_item(self, n: ir.Value, tile: ir.Value, rows: ir.Value, vectors: int) -> None:
         """Channel tile ``tile`` (of ``vectors`` blocks) over the output rows of row block
         ``rows``, one chunk of input blocks after the other."""
         b, ctx = self.b, self.ctx
-        block0 = b.mul(tile, const64(TILE_VECTORS))
+        block0 = b.mul(tile, const64(self.tile))
         weights = b.gep(self.w, [b.mul(block0, const64(BLOCK * self.panel))])
         in_blocks = self.in_blocks
         chunks = -(-in_blocks // self.chunk_blocks)
@@ -452,32 +475,24 @@ class NCHWcEmitter:
         LLVM keeps each broadcast alive from one to the other, spilling registers."""
         geo, b, ctx = self.geo, self.b, self.ctx
         vectors = row.vectors
-        copies = accumulator_copies(pixels, vectors)
         width = vectors * BLOCK
-        # with 512-bit registers a tile's two blocks are one 16-lane vector (one weight load and one
-        # multiply-add per pixel and lane instead of two), split into the blocks at the end
-        paired = self.paired and vectors == TILE_VECTORS
-        lanes_per, held = (width, 1) if paired else (BLOCK, vectors)  # vector lanes, vectors per pixel
-        vector = ir.VectorType(F32, lanes_per)
-        copies = accumulator_copies(pixels, held)
-        slots = [[[ctx.alloca(vector, name=f"acc{c}_{j}_{v}") for v in range(held)] for j in range(pixels)]
-                 for c in range(copies)]
-        zero = ir.Constant(vector, [0.0] * lanes_per)
+        parts = vector_parts(vectors, self.paired)  # (first block, lanes) of each vector of a pixel
+        copies = accumulator_copies(pixels, len(parts))
+        slots = [[[ctx.alloca(ir.VectorType(F32, n), name=f"acc{c}_{j}_{v}") for v, n in parts]
+                  for j in range(pixels)] for c in range(copies)]
         for c in range(copies):
             for j in range(pixels):
-                for v in range(held):
-                    b.store(zero, slots[c][j][v])
+                for (_, n), slot in zip(parts, slots[c][j]):
+                    b.store(ir.Constant(ir.VectorType(F32, n), [0.0] * n), slot)
         chunk = row.chunk
         if chunk.first is not True:  # a later chunk: start from the partial sums
             with b.if_then(b.not_(chunk.first)):
                 partial = {(j, v): b.load(vector_pointer(b, self.y, at, BLOCK), align=4)
                            for j, v, at in self.output_vectors(row, ow0, pixels)}
                 for j in range(pixels):
-                    if paired:
-                        b.store(concat(b, partial[j, 0], partial[j, 1]), slots[0][j][0])
-                    else:
-                        for v in range(vectors):
-                            b.store(partial[j, v], slots[0][j][v])
+                    for (v, n), slot in zip(parts, slots[0][j]):
+                        value = partial[j, v] if n == BLOCK else concat(b, partial[j, v], partial[j, v + 1])
+                        b.store(value, slot)
         taps = geo.k_h * geo.k_w
         first_tap, end_tap = b.mul(row.kh_lo, const64(geo.k_w)), b.mul(row.kh_hi, const64(geo.k_w))
         lanes = self.lanes
@@ -491,19 +506,24 @@ class NCHWcEmitter:
                 pointers = self.pixel_pointers(x_tap, kw, pixels, first)
                 acc = [[[b.load(slot) for slot in per_pixel] for per_pixel in per_copy] for per_copy in slots]
                 for lane in range(lanes):
-                    ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * lanes_per), lanes_per), align=4)
-                          for v in range(held)]
+                    ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * BLOCK), n), align=4)
+                          for v, n in parts]
                     c = lane % copies
                     for j, pointer in enumerate(pointers):
-                        x = splat(b, self.pixel_value(pointer, lane), lanes_per)
-                        acc[c][j] = [fmuladd(ctx, w, x, a) for w, a in zip(ws, acc[c][j])]
+                        value = self.pixel_value(pointer, lane)
+                        xs = {n: splat(b, value, n) for n in {n for _, n in parts}}
+                        acc[c][j] = [fmuladd(ctx, w, xs[n], a) for w, (_, n), a in zip(ws, parts, acc[c][j])]
                 for per_copy, values in zip(slots, acc):
                     for per_pixel, pixel_values in zip(per_copy, values):
                         for slot, value in zip(per_pixel, pixel_values):
                             b.store(value, slot)
-        sums = [[self.sum_copies(slots, j, v) for v in range(held)] for j in range(pixels)]
-        if paired:
-            sums = [list(halves(b, s[0])) for s in sums]
+        sums = []  # per pixel, per output block: 8-lane vectors
+        for j in range(pixels):
+            per_block = []
+            for k, (_, n) in enumerate(parts):
+                total = self.sum_copies(slots, j, k)
+                per_block.extend(halves(b, total) if n > BLOCK else (total,))
+            sums.append(per_block)
         if chunk.last is True:
             self.emit_epilogue(row, ow0, pixels, sums)
             return
@@ -611,5 +631,6 @@ def column_as_row(geo: ConvGeometry) -> ConvGeometry:
 
 
 __all__ = ["BLOCK", "column_as_row", "unblocked_geometry", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry",
+           "tile_blocks", "vector_parts",
            "ColumnPlan", "plan_columns", "accumulator_copies", "channel_tiles", "pack_weights", "NCHWcEmitter",
            "conv_nchwc"]
