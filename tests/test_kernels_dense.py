@@ -155,6 +155,32 @@ def test_gemm_defaults_beta_zero_and_large():
     check_compiled(_model("Gemm", {"a": a2}, initializers={"b": b2}, alpha=2.0), {"a": a2}, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.usefixtures("split_every_parallel_kernel")
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("n", [13, 64])
+@pytest.mark.parametrize("c_shape", [None, "n", "1n", "mn", "scalar"])
+def test_products_of_one_to_three_rows_split_their_columns_over_threads(m, n, c_shape):
+    """A fully connected layer at batch 1 (Gemm(transB=1) of a weight [N, K]) runs as dot
+    products whose columns the parts share, each finished where computed (alpha, beta * C,
+    the activation); other addends keep the general epilogue. 1 and 2 threads, onnxruntime."""
+    k = 37
+    a, w = _f32(m, k), _f32(n, k)
+    c = {"n": _f32(n), "1n": _f32(1, n), "mn": _f32(m, n), "scalar": _f32(1)}.get(c_shape)
+    inputs = {"a": a, **({"c": c} if c is not None else {})}
+    nodes = [helper.make_node("Gemm", ["a", "w"] + (["c"] if c is not None else []), ["g"], transB=1, alpha=0.7,
+                              beta=-1.3), helper.make_node("Relu", ["g"], ["y"])]
+    model = _chain(nodes, inputs, {"w": w})
+    compiled = egraft.compile(model, use_cache=False, specialize="off")
+    assert compiled.report().fallbacks == []
+    (gemm,) = [s for s in compiled.steps if "Gemm" in s.node.op]
+    per_column = c_shape in (None, "n", "1n") or (c_shape == "mn" and m == 1)
+    assert gemm.parallel == per_column  # the split matrix-vector form
+    want = run_onnxruntime(model, inputs)["y"]
+    for threads in (1, 2):
+        compiled.threads = threads
+        np.testing.assert_allclose(compiled.run(inputs)["y"], want, rtol=1e-5, atol=1e-5)
+
+
 # ---- reductions -----------------------------------------------------------------------------------
 REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL2",
               "ReduceL1", "ReduceLogSum"]
