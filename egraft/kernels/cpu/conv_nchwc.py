@@ -66,7 +66,7 @@ from egraft.kernels.cpu.conv import (
     fmuladd,
     vector_pointer,
 )
-from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, llvm_type, register_packing, splat
+from egraft.kernels.cpu.emit import F32, KernelContext, Unsupported, concat, halves, llvm_type, register_packing, splat
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 #: Channels per block of the layouts this kernel reads and writes (floats per vector).
@@ -250,20 +250,6 @@ def pack_weights(w: np.ndarray, tile: int = TILE_VECTORS) -> np.ndarray:
         panels.append(np.ascontiguousarray(tile.transpose(1, 3, 4, 2, 0)).reshape(-1))
         first += width
     return np.concatenate(panels).astype(np.float32)
-
-
-def concat(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
-    """One vector of ``low``'s lanes then ``high``'s (two blocks as one 16-lane vector)."""
-    n = low.type.count
-    return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), 2 * n), list(range(2 * n))))
-
-
-def halves(b: ir.IRBuilder, v: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """The first and the second half of the lanes of ``v`` (a 16-lane vector as two blocks)."""
-    n = v.type.count // 2
-    undef = ir.Constant(v.type, None)
-    mask = [ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(k * n, (k + 1) * n))) for k in (0, 1)]
-    return b.shuffle_vector(v, undef, mask[0]), b.shuffle_vector(v, undef, mask[1])
 
 
 # ---- the emitter ------------------------------------------------------------------------------------

@@ -446,6 +446,20 @@ def splat(b: ir.IRBuilder, value: ir.Value, width: int) -> ir.Value:
     return b.shuffle_vector(one, ir.Constant(vector_type, None), mask)
 
 
+def concat(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
+    """One vector of ``low``'s lanes then ``high``'s (two blocks as one 16-lane vector)."""
+    n = low.type.count
+    return b.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), 2 * n), list(range(2 * n))))
+
+
+def halves(b: ir.IRBuilder, v: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The first and the second half of the lanes of ``v`` (a 16-lane vector as two blocks)."""
+    n = v.type.count // 2
+    undef = ir.Constant(v.type, None)
+    mask = [ir.Constant(ir.VectorType(ir.IntType(32), n), list(range(k * n, (k + 1) * n))) for k in (0, 1)]
+    return b.shuffle_vector(v, undef, mask[0]), b.shuffle_vector(v, undef, mask[1])
+
+
 def masked_load(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> ir.Value:
     """``len(mask)`` elements of ``ptr[index..]`` where ``mask`` is set, zero elsewhere;
     masked lanes are not read (they may lie outside the buffer): ``llvm.masked.load``.
