@@ -555,3 +555,36 @@ def test_kernels_compile_in_a_helper_while_lowering_emits_the_next(monkeypatch, 
     with pytest.raises(KeyboardInterrupt):
         lower(graph)
     assert early_compile.current() is None
+
+
+def _data_model(c: int, h: int) -> onnx.ModelProto:
+    """y = Relu(BatchNormalization(LayoutFromBlocked(LayoutToBlocked(x)))): ops that move data."""
+    rng = np.random.default_rng(8)
+    inits = {"s": rng.uniform(0.5, 1.5, c), "b": rng.normal(size=c), "m": rng.normal(size=c),
+             "v": rng.uniform(0.5, 1.5, c)}
+    nodes = [helper.make_node("LayoutToBlocked", ["x"], ["xb"], domain="com.egraft", block=8),
+             helper.make_node("LayoutFromBlocked", ["xb"], ["x2"], domain="com.egraft", block=8),
+             helper.make_node("BatchNormalization", ["x2", "s", "b", "m", "v"], ["n"]),
+             helper.make_node("Relu", ["n"], ["y"])]
+    graph = helper.make_graph(nodes, "data", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.egraft", 1)])
+
+
+def test_kernels_that_move_data_are_split_by_the_bytes_they_move():
+    """Layout changes, BatchNormalization and elementwise ops do few flops per byte: at 2 threads
+    they are split when they move MIN_PARALLEL_BYTES or more, and their outputs are the same."""
+    from egraft.lowering import runtime
+
+    big = compile_graph(egraft.load(_data_model(64, 56)))  # 800 KB per value
+    small = compile_graph(egraft.load(_data_model(8, 4)))
+    assert all(step.parallel for step in big.steps)
+    assert min(big.parallel_work().values()) >= runtime.MIN_PARALLEL_WORK
+    assert max(small.parallel_work().values()) < runtime.MIN_PARALLEL_WORK
+    x = np.random.default_rng(9).normal(size=(1, 64, 56, 56)).astype(np.float32)
+    s, b, m, v = (numpy_helper.to_array(t) for t in _data_model(64, 56).graph.initializer)
+    want = np.maximum((x - m[:, None, None]) * (s / np.sqrt(v + 1e-5))[:, None, None] + b[:, None, None], 0)
+    for threads in (1, 2):
+        big.threads = threads
+        np.testing.assert_allclose(big.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)

@@ -59,6 +59,22 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 #: A parallel kernel is split only when one call does at least this many flops (handing a
 #: part to a native worker costs about a microsecond; a part must be worth more).
 MIN_PARALLEL_WORK = 1_000_000
+#: ... or moves at least this many bytes (a layout change or an elementwise op of 64k floats:
+#: at 2 threads each core streams half, from its own cache where the producer split too).
+MIN_PARALLEL_BYTES = 512 * 1024
+def _bytes_of(t, bound: Mapping[str, int]) -> float:
+    """The bytes of a value of type ``t`` at the dims ``bound`` (0 when unknown)."""
+    if t is None or t.shape is None:
+        return 0.0
+    try:
+        count = 1
+        for d in t.shape:
+            count *= int(evaluate_dim(d, bound))
+    except (TypeError, ValueError, KeyError):
+        return 0.0
+    return float(count * np.dtype(t.dtype.numpy).itemsize)
+
+
 #: The value of a symbol no input or step has bound yet (0 is a real dim: an empty batch).
 UNBOUND = -1
 #: ``$EGRAFT_RUNTIME=steps`` runs every step from Python (as a profiled run does), not the
@@ -720,18 +736,25 @@ class CompiledModel:
                 self._arenas.append(arena)
 
     def _split_work(self, bound: Mapping[str, int]) -> dict[int, float]:
-        """The flops of each parallel kernel at these dims (the op registry's work formulas,
-        as the cost model prices them), computed once per binding: only kernels worth
-        splitting are split."""
+        """The work of each parallel kernel at these dims, computed once per binding: its
+        flops (the op registry's work formulas, as the cost model prices them), or for a
+        kernel that mostly moves data, its bytes in units of :data:`MIN_PARALLEL_WORK` per
+        :data:`MIN_PARALLEL_BYTES`: only kernels worth splitting are split."""
         key = tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols)
         work = self._work_cache.get(key)
         if work is None:
             graph = self.graph
-            work = {step.index: op_work(step.node.op, step.node.domain, step.node.attrs,
-                                        [None if v is None else v.type for v in step.node.inputs],
-                                        [None if v is None else v.type for v in step.node.outputs],
-                                        bound, graph.opsets.get("", 21)).flops
-                    for step in self._lowered.steps if step.parallel}
+            per_byte = MIN_PARALLEL_WORK / MIN_PARALLEL_BYTES
+
+            def units(step) -> float:
+                inputs = [None if v is None else v.type for v in step.node.inputs]
+                outputs = [None if v is None else v.type for v in step.node.outputs]
+                w = op_work(step.node.op, step.node.domain, step.node.attrs, inputs, outputs, bound,
+                            graph.opsets.get("", 21))
+                moved = sum(_bytes_of(t, bound) for t in outputs) * (1 + len([t for t in inputs if t is not None]))
+                return max(w.flops, moved * per_byte)
+
+            work = {step.index: units(step) for step in self._lowered.steps if step.parallel}
             with self._plans_lock:
                 self._work_cache[key] = work
         return work

@@ -191,7 +191,7 @@ def fill_run(ctx: KernelContext, dst: ir.Value, offset: ir.Value, count: Dim | i
 
 def emit_strided_copy(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, dst_strides: Sequence[Dim],
                       src: ir.Value, src_strides: Sequence[Dim], dst_offset: ir.Value | None = None,
-                      src_offset: ir.Value | None = None) -> None:
+                      src_offset: ir.Value | None = None, share: bool = False) -> None:
     """``dst[dst_offset + sum(i_k * dst_strides[k])] = src[src_offset + sum(i_k * src_strides[k])]``
     for every index ``i`` of ``sizes`` (dims and strides may be sympy expressions; strides may
     be 0 (broadcast) or negative (reversed slices)).
@@ -201,6 +201,9 @@ def emit_strided_copy(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, d
     destination with another axis contiguous on the source, the copy is tiled (a transpose);
     else a loop nest with the destination's innermost axis inside.
 
+    With ``share`` (a kernel that is this one copy) the outermost of two or more axes is shared
+    over the kernel's parts, each copying its slices as above.
+
     Example (a transpose of ``f32[4, 5]``):
         ``emit_strided_copy(ctx, (5, 4), out, (4, 1), x, (1, 5))``
     """
@@ -208,6 +211,13 @@ def emit_strided_copy(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, d
     sizes, (dst_strides, src_strides) = collapse(list(sizes), [list(dst_strides), list(src_strides)])
     dst_offset = zero if dst_offset is None else dst_offset
     src_offset = zero if src_offset is None else src_offset
+    if share and len(sizes) >= 2:
+        lo, hi = ctx.share(ctx.dim(sizes[0]))
+        with ctx.loop(hi, name="part", start=lo) as i:
+            emit_strided_copy(ctx, sizes[1:], dst, dst_strides[1:], src, src_strides[1:],
+                              _add_scaled(ctx, dst_offset, i, dst_strides[0]),
+                              _add_scaled(ctx, src_offset, i, src_strides[0]))
+        return
     last = len(sizes) - 1
     if _is_one(dst_strides[last]) and _is_one(src_strides[last]):
         _copy_rows(ctx, sizes, dst, dst_strides, src, src_strides, dst_offset, src_offset)
@@ -509,7 +519,7 @@ def layout_to_blocked(ctx: KernelContext) -> None:
     plane = dim_product(spatial)
     sizes = [n, c // block, *spatial, block]
     src_strides = [c * plane, block * plane, *contiguous_strides(spatial), plane]
-    emit_strided_copy(ctx, sizes, ctx.out_ptr(0), contiguous_strides(sizes), ctx.in_ptr(0), src_strides)
+    emit_strided_copy(ctx, sizes, ctx.out_ptr(0), contiguous_strides(sizes), ctx.in_ptr(0), src_strides, share=True)
 
 
 @register_kernel("LayoutFromBlocked", domain="com.egraft")
@@ -524,7 +534,7 @@ def layout_from_blocked(ctx: KernelContext) -> None:
     plane = dim_product(spatial)
     sizes = [n, cb, block, *spatial]  # y viewed as [N, C/block, block, *S]
     src_strides = [cb * plane * block, plane * block, 1, *(s * block for s in contiguous_strides(spatial))]
-    emit_strided_copy(ctx, sizes, ctx.out_ptr(0), contiguous_strides(sizes), ctx.in_ptr(0), src_strides)
+    emit_strided_copy(ctx, sizes, ctx.out_ptr(0), contiguous_strides(sizes), ctx.in_ptr(0), src_strides, share=True)
 
 
 # ---- Concat, Split, Slice, Gather -------------------------------------------------------------

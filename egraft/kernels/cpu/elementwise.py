@@ -95,7 +95,9 @@ def collapse(out: Sequence, operand_strides: list[list]) -> tuple[list, list[lis
 
 def emit_elementwise(ctx: KernelContext, body: Body, inputs: Sequence[int]) -> None:
     """``out[idx] = body(in_0[idx'], in_1[idx''], ...)`` over output 0's shape, reading the
-    node inputs ``inputs`` with broadcasting (operands in their own element types)."""
+    node inputs ``inputs`` with broadcasting (operands in their own element types). The
+    outermost loop is shared over the kernel's parts (each element is read and written by
+    one part, so an output in place of an input is safe): the kernel is the whole op."""
     out_shape = ctx.shape(ctx.out_type(0))
     shapes = [ctx.shape(ctx.in_type(i)) for i in inputs]
     operand_strides = [broadcast_strides(out_shape, out_shape)] + [broadcast_strides(s, out_shape, ctx.broadcast_guards)
@@ -105,7 +107,8 @@ def emit_elementwise(ctx: KernelContext, body: Body, inputs: Sequence[int]) -> N
     pointers = [ctx.out_ptr(0)] + [ctx.in_ptr(i) for i in inputs]
 
     def nest(level: int, offsets: list[ir.Value]) -> None:
-        with ctx.loop(ctx.dim(sizes[level]), name=f"i{level}") as i:
+        lo, hi = ctx.share(ctx.dim(sizes[level])) if level == 0 else (ir.Constant(I64, 0), ctx.dim(sizes[level]))
+        with ctx.loop(hi, name=f"i{level}", start=lo) as i:
             here = [b.add(off, b.mul(i, ctx.dim(st[level]))) if st[level] != 0 else off
                     for off, st in zip(offsets, strides)]
             if level + 1 < len(sizes):

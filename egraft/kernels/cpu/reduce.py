@@ -372,8 +372,10 @@ def batch_normalization(ctx: KernelContext) -> None:
     scale, bias, mean, var = (ctx.in_ptr(i) for i in range(1, 5))
     eps = ir.Constant(t, float(ctx.attr("epsilon", 1e-5)))
     channels_, spatial_ = ctx.dim(channels), ctx.dim(spatial)
-    with ctx.loop(ctx.dim(batch), name="n") as n, ctx.loop(channels_, name="c") as c:
-        base = bld.mul(bld.add(bld.mul(n, channels_), c), spatial_)
+    lo, hi = ctx.share(bld.mul(ctx.dim(batch), channels_))  # the (image, channel) planes, over the parts
+    with ctx.loop(hi, name="plane", start=lo) as plane:
+        c = bld.srem(plane, channels_)
+        base = bld.mul(plane, spatial_)
         s, b_, mu, v = (_convert(ctx, load_at(ctx, p, c), t) for p in (scale, bias, mean, var))
         factor = bld.fdiv(s, m.sqrt(bld.fadd(v, eps)))
         with ctx.loop(spatial_, name="sp") as sp:
