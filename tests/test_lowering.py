@@ -588,3 +588,22 @@ def test_kernels_that_move_data_are_split_by_the_bytes_they_move():
     for threads in (1, 2):
         big.threads = threads
         np.testing.assert_allclose(big.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_a_concat_copies_in_parts(axis):
+    """Each input goes to its own region of the output, so the parts share every copy: a
+    contiguous run (axis 1 of a batch of one) by its elements, strided slices by rows."""
+    from egraft.lowering import runtime
+
+    xs = [np.random.default_rng(k).normal(size=(1, 64, 40, 41)).astype(np.float32) for k in range(2)]
+    node = helper.make_node("Concat", ["a", "b"], ["y"], axis=axis)
+    graph = helper.make_graph([node], "cat", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(x.shape))
+                                              for n, x in zip("ab", xs)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    compiled = compile_graph(egraft.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])))
+    (step,) = compiled.steps
+    assert step.parallel and compiled.parallel_work()[step.index] >= runtime.MIN_PARALLEL_WORK
+    for threads in (1, 2):
+        compiled.threads = threads
+        np.testing.assert_array_equal(compiled.run({"a": xs[0], "b": xs[1]})["y"], np.concatenate(xs, axis))

@@ -201,7 +201,8 @@ def emit_strided_copy(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, d
     destination with another axis contiguous on the source, the copy is tiled (a transpose);
     else a loop nest with the destination's innermost axis inside.
 
-    With ``share`` (a kernel that is this one copy) the outermost of two or more axes is shared
+    With ``share`` (a kernel whose copies write disjoint regions and do nothing else) the
+    outermost of two or more axes, or the elements of a single contiguous run, are shared
     over the kernel's parts, each copying its slices as above.
 
     Example (a transpose of ``f32[4, 5]``):
@@ -211,6 +212,11 @@ def emit_strided_copy(ctx: KernelContext, sizes: Sequence[Dim], dst: ir.Value, d
     sizes, (dst_strides, src_strides) = collapse(list(sizes), [list(dst_strides), list(src_strides)])
     dst_offset = zero if dst_offset is None else dst_offset
     src_offset = zero if src_offset is None else src_offset
+    if share and len(sizes) == 1 and _is_one(dst_strides[0]) and _is_one(src_strides[0]):  # one run: its parts
+        b = ctx.builder
+        lo, hi = ctx.share(ctx.dim(sizes[0]))
+        copy_run(ctx, dst, b.add(dst_offset, lo), src, b.add(src_offset, lo), b.sub(hi, lo))
+        return
     if share and len(sizes) >= 2:
         lo, hi = ctx.share(ctx.dim(sizes[0]))
         with ctx.loop(hi, name="part", start=lo) as i:
@@ -555,7 +561,8 @@ def concat(ctx: KernelContext) -> None:
             raise Unsupported("Concat of mixed dtypes")
         shape = ctx.shape(ctx.in_type(i))
         offset = ctx.dim(sympy.expand(start * out_strides[axis]))
-        emit_strided_copy(ctx, shape, out, out_strides, ctx.in_ptr(i), contiguous_strides(shape), dst_offset=offset)
+        emit_strided_copy(ctx, shape, out, out_strides, ctx.in_ptr(i), contiguous_strides(shape), dst_offset=offset,
+                          share=True)  # each input into its own region: every copy in parts
         start = start + shape[axis]
 
 
