@@ -234,6 +234,20 @@ def test_softmax(op, opset, axis):
     check_compiled(_model(op, {"x": x}, opset=opset, **attrs), {"x": x}, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("split_every_parallel_kernel")
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_rows_are_shared_over_threads(axis):
+    """Attention scores [batch, heads, seq, seq]: the rows (any axis) are split over the parts."""
+    x = _f32(2, 4, 33, 33) * 4
+    compiled = compile_graph(egraft.load(_model("Softmax", {"x": x}, opset=13, axis=axis)))
+    (step,) = compiled.steps
+    assert step.parallel
+    e = np.exp(x.astype(np.float64) - x.max(axis, keepdims=True))
+    for threads in (1, 2):
+        compiled.threads = threads
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], e / e.sum(axis, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
 def test_softmax_symbolic_rows():
     model = _model("Softmax", {"x": _f32(2, 10)}, dims={"x": ["n", 10]}, opset=13)
     compiled = compile_graph(egraft.load(model))

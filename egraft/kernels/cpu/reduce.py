@@ -229,8 +229,10 @@ def emit_softmax(ctx: KernelContext, log: bool) -> None:
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     wide = ir.DoubleType()
     best, total = ctx.alloca(t, name="max"), ctx.alloca(wide, name="sum")
-    n_ = ctx.dim(n)
-    with strided_loops(ctx, [outer, inner], [[sympy.expand(n * inner), 1]]) as (base,):
+    n_, inner_ = ctx.dim(n), ctx.dim(inner)
+    lo, hi = ctx.share(ctx.dim(sympy.expand(outer * inner)))  # the rows are independent: over the parts
+    with ctx.loop(hi, name="row", start=lo) as row:
+        base = bld.add(bld.mul(bld.sdiv(row, inner_), ctx.dim(sympy.expand(n * inner))), bld.srem(row, inner_))
         bld.store(ir.Constant(t, float("-inf")), best)
         with ctx.loop(n_, name="r0") as r:
             bld.store(m.maximum(bld.load(best), load_at(ctx, x, offset_of(ctx, base, (r, inner)))), best)
