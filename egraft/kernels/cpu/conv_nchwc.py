@@ -11,6 +11,9 @@ Layouts (block 8: one AVX2 register of floats):
 
 An output tile is 16 output channels (two output blocks) times 6 consecutive pixels of one
 output row: 12 vector accumulators, kept in registers over input blocks, taps and lanes.
+On hosts with 512-bit registers two blocks are one 16-lane vector and a tile is four blocks
+(32 channels: two 16-lane vectors per pixel, still 12 accumulators; the weights are packed
+in panels of 32, :func:`tile_blocks`), the sums split back into blocks for the epilogue.
 Per input lane ``jj`` of a tap, the step loads the two weight vectors, broadcasts the 6
 input scalars ``Xb[n, cb, ih, iw_j, jj]`` and issues 12 fused multiply-adds (the loop over
 taps stays a loop: see :meth:`NCHWcEmitter.emit_tile`). The epilogue runs on the
