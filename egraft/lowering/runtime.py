@@ -59,9 +59,10 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 #: A parallel kernel is split only when one call does at least this many flops (handing a
 #: part to a native worker costs about a microsecond; a part must be worth more).
 MIN_PARALLEL_WORK = 1_000_000
-#: ... or moves at least this many bytes (a layout change or an elementwise op of 64k floats:
-#: at 2 threads each core streams half, from its own cache where the producer split too).
-MIN_PARALLEL_BYTES = 512 * 1024
+#: ... or moves at least this many bytes, read and written (a layout change of 128k floats: at
+#: 2 threads each core streams half, from its own cache where the producer split too; the
+#: few-microsecond ops of a small OCR model stay whole, their parts cost more than they save).
+MIN_PARALLEL_BYTES = 1024 * 1024
 def _bytes_of(t, bound: Mapping[str, int]) -> float:
     """The bytes of a value of type ``t`` at the dims ``bound`` (0 when unknown)."""
     if t is None or t.shape is None:
@@ -751,7 +752,7 @@ class CompiledModel:
                 outputs = [None if v is None else v.type for v in step.node.outputs]
                 w = op_work(step.node.op, step.node.domain, step.node.attrs, inputs, outputs, bound,
                             graph.opsets.get("", 21))
-                moved = sum(_bytes_of(t, bound) for t in outputs) * (1 + len([t for t in inputs if t is not None]))
+                moved = sum(_bytes_of(t, bound) for t in (*inputs, *outputs))
                 return max(w.flops, moved * per_byte)
 
             work = {step.index: units(step) for step in self._lowered.steps if step.parallel}

@@ -82,6 +82,26 @@ class Packing:
 _PACKINGS: dict[str, Packing] = {}
 
 
+def flush_subnormals(a: np.ndarray) -> np.ndarray:
+    """``a`` with its subnormal floats (nonzero, below the smallest normal) as zeros: packed
+    weights only. Such a weight times any activation is below every normal output's rounding,
+    and on Intel cores each multiply-add that reads one takes a microcode assist: ppocr_v5_det's
+    384 x 192 1x1 convolution (8% of its weights subnormal) took 940 us instead of 16.
+
+    Example:
+        >>> flush_subnormals(np.array([1e-39, 1.0, -1e-40], np.float32)).tolist()
+        [0.0, 1.0, -0.0]
+    """
+    if a.dtype.kind != "f" or a.size == 0:
+        return a
+    tiny = np.finfo(a.dtype).tiny
+    magnitude = np.abs(a)
+    subnormal = (magnitude < tiny) & (magnitude > 0)
+    if not subnormal.any():
+        return a
+    return np.where(subnormal, np.copysign(np.zeros((), a.dtype), a), a).astype(a.dtype, copy=False)
+
+
 def register_packing(name: str, *, gather: bool) -> Callable[[Callable], Callable]:
     """Decorator: ``fn(weight, **params) -> packed`` is the packing ``name`` (a kernel module's
     own, used through :meth:`KernelContext.packed_constant`); ``gather`` as for :class:`Packing`.
@@ -131,8 +151,9 @@ class PackedFrom:
         return find_packing(self.packing).gather
 
     def apply(self, weight) -> np.ndarray:
-        """The packed array of ``weight`` (the source constant's value)."""
-        return find_packing(self.packing).function(weight, **dict(self.params))
+        """The packed array of ``weight`` (the source constant's value), its subnormal floats
+        flushed to zero (:func:`flush_subnormals`)."""
+        return flush_subnormals(find_packing(self.packing).function(weight, **dict(self.params)))
 
     def unpack(self, packed, shape: tuple, dtype) -> np.ndarray:
         """The weight (of ``shape`` and ``dtype``) that ``packed`` was packed from, for a
