@@ -63,19 +63,6 @@ MIN_PARALLEL_WORK = 1_000_000
 #: 2 threads each core streams half, from its own cache where the producer split too; the
 #: few-microsecond ops of a small OCR model stay whole, their parts cost more than they save).
 MIN_PARALLEL_BYTES = 1024 * 1024
-def _bytes_of(t, bound: Mapping[str, int]) -> float:
-    """The bytes of a value of type ``t`` at the dims ``bound`` (0 when unknown)."""
-    if t is None or t.shape is None:
-        return 0.0
-    try:
-        count = 1
-        for d in t.shape:
-            count *= int(evaluate_dim(d, bound))
-    except (TypeError, ValueError, KeyError):
-        return 0.0
-    return float(count * np.dtype(t.dtype.numpy).itemsize)
-
-
 #: The value of a symbol no input or step has bound yet (0 is a real dim: an empty batch).
 UNBOUND = -1
 #: ``$EGRAFT_RUNTIME=steps`` runs every step from Python (as a profiled run does), not the
@@ -752,8 +739,7 @@ class CompiledModel:
                 outputs = [None if v is None else v.type for v in step.node.outputs]
                 w = op_work(step.node.op, step.node.domain, step.node.attrs, inputs, outputs, bound,
                             graph.opsets.get("", 21))
-                moved = sum(_bytes_of(t, bound) for t in (*inputs, *outputs))
-                return max(w.flops, moved * per_byte)
+                return max(w.flops, (w.reads + w.writes) * per_byte)  # bytes as the cost model counts them
 
             work = {step.index: units(step) for step in self._lowered.steps if step.parallel}
             with self._plans_lock:

@@ -71,13 +71,12 @@ from egraft.kernels.cpu.conv import (
 )
 from egraft.kernels.cpu.emit import (
     F32,
-    I8P,
-    I32,
     KernelContext,
     Unsupported,
     concat,
     halves,
     llvm_type,
+    prefetch,
     register_packing,
     splat,
 )
@@ -319,19 +318,17 @@ class NCHWcEmitter:
         #: output blocks per channel tile; with 512-bit registers two blocks are one 16-lane
         #: vector (one weight load and one multiply-add per pixel and input lane instead of two),
         #: and a tile is four blocks: 2 vectors x 6 pixels = 12 accumulators, as with 8 lanes
-        self.paired = host_vector_bits() >= 2 * BLOCK * 32
         self.tile = tile_blocks()
+        self.paired = self.tile > TILE_VECTORS
         self.w, packed = ctx.packed_constant("packed_w", "conv_nchwc.blocked", 1,
                                              **({"tile": self.tile} if self.tile != TILE_VECTORS else {}))
         #: the work items in row-major order (every channel tile of a row, then the next row)
         #: when all the weights stay in L2: each input row is then read once from memory
         self.rows_outer = packed.nbytes <= RESIDENT_WEIGHT_BYTES
         #: weights beyond L2 come from memory once per run: each step also asks for the line
-        #: it will read at the next input block, so the stream overlaps the multiply-adds
-        #: (ResNet-50's 512 x 512 3x3 on 7x7 with cold weights: 1.78 -> 1.3 ms)
-        self.prefetch = None if self.rows_outer else (
-            ctx.module.globals.get("llvm.prefetch.p0")
-            or ir.Function(ctx.module, ir.FunctionType(ir.VoidType(), [I8P, I32, I32, I32]), "llvm.prefetch.p0"))
+        #: it will read at the next chunk of input blocks, so the stream overlaps the
+        #: multiply-adds (ResNet-50's 512 x 512 3x3 on 7x7 with cold weights: 1.75 -> 1.44-1.50 ms)
+        self.prefetch_weights = not self.rows_outer
         #: input blocks per chunk: the chunk's weights of a channel tile stay in L1 while the
         #: tiles of the item's rows run over them (partial sums go through the output)
         chunk_bytes = geo.k_h * geo.k_w * self.lanes * self.tile * BLOCK * 4
@@ -514,12 +511,10 @@ class NCHWcEmitter:
                 for lane in range(lanes):
                     ws = [b.load(vector_pointer(b, w_tap, const64(lane * width + v * BLOCK), n), align=4)
                           for v, n in parts]
-                    if self.prefetch:  # the next chunk's weights, from memory meanwhile
+                    if self.prefetch_weights:  # the next chunk's weights, from memory meanwhile
                         for v, _ in parts:
-                            ahead = b.gep(w_tap, [const64(self.chunk_blocks * taps * lanes * width + lane * width
-                                                          + v * BLOCK)])
-                            b.call(self.prefetch, [b.bitcast(ahead, I8P), ir.Constant(I32, 0), ir.Constant(I32, 3),
-                                                   ir.Constant(I32, 1)])
+                            prefetch(b, b.gep(w_tap, [const64(self.chunk_blocks * taps * lanes * width + lane * width
+                                                              + v * BLOCK)]))
                     c = lane % copies
                     for j, pointer in enumerate(pointers):
                         value = self.pixel_value(pointer, lane)

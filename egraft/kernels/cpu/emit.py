@@ -481,6 +481,15 @@ def halves(b: ir.IRBuilder, v: ir.Value) -> tuple[ir.Value, ir.Value]:
     return b.shuffle_vector(v, undef, mask[0]), b.shuffle_vector(v, undef, mask[1])
 
 
+def prefetch(b: ir.IRBuilder, pointer: ir.Value, write: bool = False) -> None:
+    """Ask for the cache line at ``pointer`` (any pointer type) ahead of its use, kept in every
+    cache level (``llvm.prefetch``: never faults, whatever the address)."""
+    module = b.module
+    fn = module.globals.get("llvm.prefetch.p0") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [I8P, I32, I32, I32]), "llvm.prefetch.p0")
+    b.call(fn, [b.bitcast(pointer, I8P), ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def masked_load(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> ir.Value:
     """``len(mask)`` elements of ``ptr[index..]`` where ``mask`` is set, zero elsewhere;
     masked lanes are not read (they may lie outside the buffer): ``llvm.masked.load``.

@@ -294,20 +294,9 @@ def _gemm_dot(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
     m_, n_, k_ = ctx.dim(m), ctx.dim(n), ctx.dim(k)
 
     def columns(i: ir.Value, js: list[ir.Value]) -> None:
-        """out[i, j] for each j of ``js``, one pass over a[i, :]."""
-        accs = [ctx.alloca(t, name="acc") for _ in js]
-        for acc in accs:
-            bld.store(ir.Constant(t, 0.0), acc)
-        a_row = offset_of(ctx, a_offset, (i, a.row_stride))
-        b_cols = [offset_of(ctx, b_offset, (j, b.col_stride)) for j in js]
-        with ctx.loop(k_, name="k") as kk:
-            av = load_at(ctx, a.ptr, offset_of(ctx, a_row, (kk, a.col_stride)))
-            for acc, col in zip(accs, b_cols):
-                bv = load_at(ctx, b.ptr, offset_of(ctx, col, (kk, b.row_stride)))
-                bld.store(_fma(ctx, av, bv, bld.load(acc), flags=REASSOC), acc)
         out_row = bld.add(out_offset, bld.mul(i, n_))
-        for acc, j in zip(accs, js):
-            store_at(ctx, bld.load(acc), out, bld.add(out_row, j))
+        for j, total in zip(js, _dots(ctx, t, a, offset_of(ctx, a_offset, (i, a.row_stride)), b, b_offset, js, k_)):
+            store_at(ctx, total, out, bld.add(out_row, j))
 
     with ctx.loop(_cdiv(ctx, n_, DOT_BLOCK_N), name="jb") as jb:
         j0 = bld.mul(jb, ir.Constant(I64, DOT_BLOCK_N))
@@ -320,6 +309,23 @@ def _gemm_dot(ctx: KernelContext, a: Matrix, a_offset: ir.Value, b: Matrix, b_of
             tail = bld.add(j0, bld.mul(steps, ir.Constant(I64, COLS_PER_STEP)))
             with ctx.loop(j1, name="jt", start=tail) as jt:
                 columns(i, [jt])
+
+
+def _dots(ctx: KernelContext, t: ir.Type, a: Matrix, a_row: ir.Value, b: Matrix, b_offset: ir.Value,
+          js: list[ir.Value], k_: ir.Value) -> list[ir.Value]:
+    """``dot(a[row, :], b[:, j])`` for each column ``j`` of ``js``, one pass over the row of ``a``
+    (starting at element ``a_row``) shared by the columns; reassociating adds (vectorized)."""
+    bld = ctx.builder
+    accs = [ctx.alloca(t, name="acc") for _ in js]
+    for acc in accs:
+        bld.store(ir.Constant(t, 0.0), acc)
+    b_cols = [offset_of(ctx, b_offset, (j, b.col_stride)) for j in js]
+    with ctx.loop(k_, name="k") as kk:
+        av = load_at(ctx, a.ptr, offset_of(ctx, a_row, (kk, a.col_stride)))
+        for acc, col in zip(accs, b_cols):
+            bv = load_at(ctx, b.ptr, offset_of(ctx, col, (kk, b.row_stride)))
+            bld.store(_fma(ctx, av, bv, bld.load(acc), flags=REASSOC), acc)
+    return [bld.load(acc) for acc in accs]
 
 
 #: Most rows of a product that runs as parallel matrix-vector products (:func:`emit_gemv`).
@@ -342,7 +348,6 @@ def emit_gemv(ctx: KernelContext, a: Matrix, b: Matrix, m: Dim, n: Dim, k: Dim, 
     if not (dim_is(a.col_stride, 1) and dim_is(b.row_stride, 1)) or ctx.out_ptr(0).type.pointee != F32:
         return False
     bld = ctx.builder
-    t = F32
     n_, k_ = ctx.dim(n), ctx.dim(k)
     out = ctx.out_ptr(0)
     addend = ctx.in_ptr(column_addend[0]) if column_addend else None
@@ -351,28 +356,21 @@ def emit_gemv(ctx: KernelContext, a: Matrix, b: Matrix, m: Dim, n: Dim, k: Dim, 
     lo, hi = ctx.share(full)  # whole steps of COLS_PER_STEP columns; the last part also takes the rest
 
     def finish(i: int, j: ir.Value, total: ir.Value) -> None:
-        value = bld.fmul(total, ir.Constant(t, alpha)) if alpha != 1.0 else total
+        value = bld.fmul(total, ir.Constant(F32, alpha)) if alpha != 1.0 else total
         if addend is not None:
             c = load_at(ctx, addend, j)
             scale = column_addend[1]
-            value = bld.fadd(value, bld.fmul(c, ir.Constant(t, scale)) if scale != 1.0 else c)
+            value = bld.fadd(value, bld.fmul(c, ir.Constant(F32, scale)) if scale != 1.0 else c)
         value = ctx.math.activation(activation, list(params), value) if activation else value
         store_at(ctx, value, out, bld.add(bld.mul(ir.Constant(I64, i), n_), j))
 
+    zero = ir.Constant(I64, 0)
+
     def columns(js: list[ir.Value]) -> None:
         for i in range(int(m)):
-            accs = [ctx.alloca(t, name="acc") for _ in js]
-            for acc in accs:
-                bld.store(ir.Constant(t, 0.0), acc)
-            a_row = bld.mul(ir.Constant(I64, i), ctx.dim(a.row_stride))
-            b_cols = [bld.mul(j, ctx.dim(b.col_stride)) for j in js]
-            with ctx.loop(k_, name="k") as kk:
-                av = load_at(ctx, a.ptr, bld.add(a_row, kk))
-                for acc, col in zip(accs, b_cols):
-                    bv = load_at(ctx, b.ptr, bld.add(col, kk))
-                    bld.store(_fma(ctx, av, bv, bld.load(acc), flags=REASSOC), acc)
-            for acc, j in zip(accs, js):
-                finish(i, j, bld.load(acc))
+            a_row = offset_of(ctx, zero, (ir.Constant(I64, i), a.row_stride))
+            for j, total in zip(js, _dots(ctx, F32, a, a_row, b, zero, js, k_)):
+                finish(i, j, total)
 
     with ctx.loop(hi, name="jj", start=lo) as jj:
         base = bld.mul(jj, step)

@@ -50,7 +50,7 @@ from functools import cache
 import numpy as np
 from llvmlite import ir
 
-from egraft.kernels.cpu.emit import MathEmitter, masked_load, register_packing, splat
+from egraft.kernels.cpu.emit import MathEmitter, masked_load, prefetch, register_packing, splat
 from egraft.kernels.cpu.llvm import DeferredModule, JitModule, host_cpu, host_vector_bits, source_digest
 
 F32 = ir.FloatType()
@@ -274,12 +274,9 @@ def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
     e = _Emitter(fn, blk)
     b = e.b
     zero = ir.Constant(e.vt, [0.0] * vw)
-    prefetch = module.globals.get("llvm.prefetch.p0") or ir.Function(
-        module, ir.FunctionType(ir.VoidType(), [I8P, I32, I32, I32]), "llvm.prefetch.p0")
     for r in range(mr):  # the tile of C is read (or written) after the loop: fetch it meanwhile
         for h in range(halves):
-            where = b.bitcast(b.gep(c, [b.add(b.mul(e.i64(r), ldc), e.i64(h * vw))]), I8P)
-            b.call(prefetch, [where, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+            prefetch(b, b.gep(c, [b.add(b.mul(e.i64(r), ldc), e.i64(h * vw))]), write=True)
     accs = [[e.alloca(e.vt, name=f"acc{r}_{h}") for h in range(halves)] for r in range(mr)]
     for row in accs:
         for slot in row:
