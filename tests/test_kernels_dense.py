@@ -248,6 +248,26 @@ def test_softmax_rows_are_shared_over_threads(axis):
         np.testing.assert_allclose(compiled.run({"x": x})["y"], e / e.sum(axis, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 100, 1000])
+def test_softmax_contiguous_rows_in_vectors(op, n):
+    """Rows along the last axis run in host-wide vectors, the last one masked: every length
+    around the vector width, a row with a NaN (all NaN), a row with -inf (exp 0) and a row
+    far from 0 match float64, and no lane past the row is read or written."""
+    x = _f32(5, n) * 6
+    x[1, n // 2] = np.nan
+    x[2, 0] = -np.inf
+    x[3] += 1000.0
+    model = _model(op, {"x": x}, opset=13)
+    got = compile_graph(egraft.load(model)).run({"x": x})["y"]
+    wide = x.astype(np.float64)
+    shifted = wide - wide.max(-1, keepdims=True)
+    total = np.exp(shifted).sum(-1, keepdims=True)
+    want = shifted - np.log(total) if op == "LogSoftmax" else np.exp(shifted) / total
+    assert np.isnan(got[1]).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_softmax_symbolic_rows():
     model = _model("Softmax", {"x": _f32(2, 10)}, dims={"x": ["n", 10]}, opset=13)
     compiled = compile_graph(egraft.load(model))
