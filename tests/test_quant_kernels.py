@@ -147,6 +147,7 @@ def _force_form(monkeypatch, intrinsic: str, lanes: int, rows: int, depth: int) 
         pytest.skip(f"the host cannot run {intrinsic}")
     form = quant.PairProduct(intrinsic, lanes, rows, depth)
     monkeypatch.setattr(quant.PairProduct, "for_host", staticmethod(lambda: form))
+    monkeypatch.setenv("EGRAFT_AMX", "0")  # the tile products take precedence where the host has them
 
 
 @pytest.mark.parametrize("form", FORMS, ids=FORM_NAMES)
@@ -164,6 +165,72 @@ def test_matmul_integer_product_forms(monkeypatch, form, a_type, b_type):
                        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b_zero, "w_zero")])
         _check(model, [({"m": m}, {"a": _ints(rng, a_np, (m, 37)), "a_zero": _ints(rng, a_np, ())})
                        for m in (1, 11, 16)])
+
+
+def _needs_tiles() -> None:
+    from egraft.kernels.cpu import amx
+
+    if not amx.host_has_tiles():
+        pytest.skip("the host has no AMX int8 tiles (Intel Sapphire Rapids and later)")
+    if not amx.available():
+        pytest.skip("Linux did not lend this process the AMX tile registers")
+
+
+@pytest.mark.usefixtures("split_every_parallel_kernel")
+@pytest.mark.parametrize(("a_type", "b_type"), [(U8, I8), (U8, U8), (I8, I8)], ids=["u8i8", "u8u8", "i8i8"])
+@pytest.mark.parametrize(("k", "n"), [(64, 32), (37, 70), (128, 17), (200, 1)])
+@pytest.mark.parametrize("b_zero_kind", ["none", "tensor", "column"])
+def test_matmul_integer_on_amx_tiles(a_type, b_type, k, n, b_zero_kind):
+    """The AMX tile product (the host's pick where it has one) is exact against int64 numpy:
+    rows across the 16-row tiles and 32-row blocks (1 to 70), depths whole and partial 64-deep
+    steps, columns across the 16-column panels and their pairs, B's zero point none, per tensor
+    or per column, extreme values, at 1 and 2 threads (the column pairs split)."""
+    _needs_tiles()
+    a_np, b_np = (np.uint8 if t == U8 else np.int8 for t in (a_type, b_type))
+    rng = np.random.default_rng(k + n + a_type)
+    w = _ints(rng, b_np, (k, n))
+    w[0] = np.iinfo(b_np).min
+    b_zero = {"none": np.zeros((), b_np), "tensor": _ints(rng, b_np, ()), "column": _ints(rng, b_np, (n,))}[b_zero_kind]
+    model = _model([helper.make_node("MatMulInteger", ["a", "w", "a_zero", "w_zero"], ["y"])],
+                   [("a", a_type, ["m", k]), ("a_zero", a_type, [])], [("y", I32, ["m", n])],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b_zero, "w_zero")])
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    for m in (1, 15, 16, 17, 32, 33, 70):
+        a, zero = _ints(rng, a_np, (m, k)), _ints(rng, a_np, ())
+        a[0] = np.iinfo(a_np).max
+        want = (a.astype(np.int64) - np.int64(zero)) @ (w.astype(np.int64) - b_zero.astype(np.int64))
+        for threads in (1, 2):
+            compiled.threads = threads
+            np.testing.assert_array_equal(compiled.run({"a": a, "a_zero": zero})["y"], want.astype(np.int32),
+                                          err_msg=f"m={m} threads={threads}")
+
+
+def test_matmul_integer_on_amx_tiles_is_the_hosts_pick_and_can_be_turned_off(monkeypatch):
+    """Where the host has AMX, the kernel's code holds tile products; ``EGRAFT_AMX=0`` gives
+    the vector products instead, with the same exact result."""
+    _needs_tiles()
+    from egraft.kernels.cpu.emit import KernelContext
+
+    texts = []
+    original = KernelContext.finish
+
+    def keep(self):
+        original(self)
+        texts.append(str(self.module))
+
+    monkeypatch.setattr(KernelContext, "finish", keep)
+    rng = np.random.default_rng(3)
+    w = _ints(rng, np.int8, (96, 48))
+    model = _model([helper.make_node("MatMulInteger", ["a", "w"], ["y"])], [("a", U8, ["m", 96])],
+                   [("y", I32, ["m", 48])], [numpy_helper.from_array(w, "w")])
+    a = _ints(rng, np.uint8, (20, 96))
+    want = (a.astype(np.int64) @ w.astype(np.int64)).astype(np.int32)
+    for setting, marker in (("1", "llvm.x86.tdpbusd"), ("0", "vpdpbusd")):
+        monkeypatch.setenv("EGRAFT_AMX", setting)
+        texts.clear()
+        got = egraft.compile(model.SerializeToString(), use_cache=False).run({"a": a})["y"]
+        np.testing.assert_array_equal(got, want)
+        assert any(marker in text for text in texts), setting
 
 
 @pytest.mark.parametrize("form", FORMS, ids=FORM_NAMES)

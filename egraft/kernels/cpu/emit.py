@@ -490,6 +490,11 @@ def prefetch(b: ir.IRBuilder, pointer: ir.Value, write: bool = False) -> None:
     b.call(fn, [b.bitcast(pointer, I8P), ir.Constant(I32, int(write)), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
+def _vector_suffix(element: ir.Type) -> str:
+    """The element part of an overloaded intrinsic's name (``f32``, ``f64``, ``i32``)."""
+    return {F32: "f32", F64: "f64"}.get(element) or f"i{element.width}"
+
+
 def masked_load(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value, mask: ir.Value) -> ir.Value:
     """``len(mask)`` elements of ``ptr[index..]`` where ``mask`` is set, zero elsewhere;
     masked lanes are not read (they may lie outside the buffer): ``llvm.masked.load``.
@@ -517,8 +522,8 @@ def masked_store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, index: ir.Valu
     element = ptr.type.pointee
     vt = value.type
     pointer = b.bitcast(b.gep(ptr, [index]), vt.as_pointer())
-    size = 4 if element == F32 else 8
-    name = f"llvm.masked.store.v{vt.count}{'f32' if element == F32 else 'f64'}.p0"
+    size = 8 if element == F64 else 4
+    name = f"llvm.masked.store.v{vt.count}{_vector_suffix(element)}.p0"
     module = b.module
     fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ir.VoidType(), [vt, pointer.type, I32,
                                                                                         mask.type]), name)

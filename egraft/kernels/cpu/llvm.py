@@ -474,7 +474,10 @@ class JitModule:
         ``early``: see :func:`compile_objects`."""
         import time
 
+        from egraft.kernels.cpu import amx
+
         initialized()
+        amx.enable()  # a cached kernel may use the tile registers: Linux lends them on request
         start = time.perf_counter()
         texts = [modules] if isinstance(modules, str | DeferredModule) else list(modules)
         objects, hits = compiled if compiled is not None else compile_objects(texts, use_cache, early)

@@ -20,7 +20,9 @@ are written to the thread's scratch; then every panel of the thread's share accu
 the tile's ``rows x nr`` outputs in registers (:func:`emit_pair_gemm`), with one of the
 forms of :class:`PairProduct`: ``vpdpbusd`` on the raw bytes with AVX-512 VNNI (the zero
 points enter afterwards through row and column sums, :class:`ZeroPoints`), ``vpmaddwd``
-on int16 pairs of the operands minus their zero points otherwise.
+on int16 pairs of the operands minus their zero points otherwise. Where the host has AMX,
+MatMulInteger runs on its tile registers instead (:mod:`egraft.kernels.cpu.amx`, 16 x 16
+outputs per instruction; ``EGRAFT_AMX=0`` turns them off).
 
 Example: ``MatMulInteger(a: u8[batch, seq, 512], B: i8[512, 384] (constant), a_zp: u8[], b_zp: i8[])``
 is one ``(batch*seq) x 512 @ 512 x 384`` product over 12 panels of 32 columns, 8 rows at a
@@ -29,6 +31,7 @@ time (AVX-512).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +39,7 @@ import sympy
 from llvmlite import ir
 
 from egraft.ir.dtypes import DType
-from egraft.kernels.cpu import register_kernel
+from egraft.kernels.cpu import amx, register_kernel
 from egraft.kernels.cpu.conv_symbolic import symbolic_geometry, valid_range
 from egraft.kernels.cpu.emit import (
     F32,
@@ -355,6 +358,28 @@ def pack_integer_quads(b: np.ndarray, nr: int, zero_point: tuple[int, ...] = (0,
     return np.concatenate([packed, sums.view(np.int8), zeros.view(np.int8)])
 
 
+@register_packing("quant.integer_tiles", gather=False)
+def pack_integer_tiles(b: np.ndarray, zero_point: tuple[int, ...] = (0,)) -> np.ndarray:
+    """``B`` [K, N] u8/i8 for AMX tiles (:mod:`amx`): :func:`pack_integer_quads` with panels
+    of 16 columns, each panel's quads padded with zeros to whole 64-deep steps
+    (``[ceil(N/16), ceil(K/64) * 16, 16, 4]``: a step of a panel is one 1 KiB tile), then the
+    column sums and zero points as there.
+
+    Example:
+        >>> packed = pack_integer_tiles(np.ones((3, 2), np.int8))
+        >>> packed.size, packed[:8].tolist()
+        (1152, [1, 1, 1, 0, 1, 1, 1, 0])
+    """
+    b = np.asarray(b)
+    k, n = b.shape
+    quads = pack_integer_quads(b, 16, zero_point)
+    panels, groups, steps = -(-n // 16), -(-k // 4), -(-k // 64)
+    body = quads[:panels * groups * 64].reshape(panels, groups, 64)
+    padded = np.zeros((panels, steps * 16, 64), np.int8)
+    padded[:, :groups] = body
+    return np.concatenate([padded.reshape(-1), quads[panels * groups * 64:]])
+
+
 def _constant_zero_point(ctx: KernelContext, i: int, count: int) -> tuple[int, ...]:
     """Constant zero point input ``i`` (per tensor, or ``count`` values) as a tuple of ints."""
     if not ctx.has_input(i):
@@ -519,11 +544,15 @@ def matmul_integer(ctx: KernelContext) -> None:
     k, n = (int(d) for d in w_shape)
     if a_shape[-1] != k:
         raise Unsupported(f"MatMulInteger: A's last dim {a_shape[-1]} is not B's {k} at compile time")
+    b_zero = _constant_zero_point(ctx, 3, n)
+    if amx.available() and amx.scratch_bytes(k, n) <= KERNEL_SCRATCH_BYTES:
+        _matmul_integer_tiles(ctx, a_dtype, a_shape, k, n, b_zero)
+        return
     product = PairProduct.for_host()
     check_tile_fits(ctx, product, k)
     width = product.lanes
     nr = 2 * width
-    packed = _pack_weights(ctx, product, "quant.integer_panels", _constant_zero_point(ctx, 3, n))
+    packed = _pack_weights(ctx, product, "quant.integer_panels", b_zero)
     b = ctx.builder
     a, c = ctx.in_ptr(0), ctx.out_ptr(0)
     # A's zero point: none, per tensor (loaded once) or per row of A's last matrix
@@ -575,6 +604,82 @@ def matmul_integer(ctx: KernelContext) -> None:
 
     emit_pair_gemm(ctx, product, packed, k, n, ctx.dim(_numel(a_shape[:-1])), pack_row, store_row,
                     terms.finish if terms is not None else None)
+
+
+def _a_zero_point(ctx: KernelContext, a_dtype: DType, a_shape) -> Callable[[ir.Value], ir.Value]:
+    """A's zero point for a row of A's rows (``i64``) as the uint8 it maps to, in int32:
+    0 (or 128 for int8 A) without one, the scalar, or the row's of a per-row zero point."""
+    b = ctx.builder
+    if not ctx.has_input(2):
+        fixed = ir.Constant(I32, 0 if a_dtype == DType.UINT8 else 128)
+        return lambda row: fixed
+    zp_shape = ctx.shape(ctx.in_type(2))
+    pointer = ctx.in_ptr(2)
+    if _is_scalar(zp_shape):
+        value = _as_unsigned(b, b.load(pointer), a_dtype)
+        return lambda row: value
+    if len(zp_shape) == 1 and len(a_shape) >= 2:
+        per = ctx.dim(a_shape[-2])
+        return lambda row: _as_unsigned(b, b.load(b.gep(pointer, [b.srem(row, per)])), a_dtype)
+    raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
+
+
+def _matmul_integer_tiles(ctx: KernelContext, a_dtype: DType, a_shape, k: int, n: int,
+                          b_zero: tuple[int, ...]) -> None:
+    """MatMulInteger on AMX tiles (:func:`amx.emit_tile_gemm`) on A as uint8 (int8 shifted by
+    128) and B as int8, with the zero-point terms of :class:`ZeroPoints`: ``- za *
+    colsum(B) - zb * (rowsum(A) - k * za)``. With one zero point for A and none for B, the
+    first is one row every output row starts from; otherwise both are subtracted from each
+    row after its products (the row sums taken per block of rows)."""
+    b = ctx.builder
+    packed, _ = ctx.packed_constant("tiles", "quant.integer_tiles", 1, zero_point=b_zero)
+    a, c = ctx.in_ptr(0), ctx.out_ptr(0)
+    count = -(-n // 16)
+    steps = -(-k // 64)
+    sums = b.bitcast(b.gep(packed, [const64(count * steps * 16 * 64)]), I32.as_pointer())
+    zeros = b.gep(sums, [const64(count * 16)])
+    shifted = any(b_zero) or ctx.in_type(1).dtype == DType.UINT8  # uint8 B: its zero point moves by -128
+    per_row = ctx.has_input(2) and not _is_scalar(ctx.shape(ctx.in_type(2)))
+    zero_of = _a_zero_point(ctx, a_dtype, a_shape)
+    signed = a_dtype == DType.INT8
+    rows = ctx.dim(_numel(a_shape[:-1]))
+    if not shifted and not per_row:
+        bias = amx.bias_row(ctx, k)
+        za = zero_of(const64(0))
+        with ctx.loop(const64(count * 16), name="bias") as j:
+            b.store(b.sub(ir.Constant(I32, 0), b.mul(za, b.load(b.gep(sums, [j])))), b.gep(bias, [j]))
+        amx.emit_tile_gemm(ctx, packed, k, n, rows, a, signed, c, bias)
+        return
+    rows_za = ctx.alloca(ir.ArrayType(I32, 2 * amx.TILE_ROWS), name="za")
+    rows_shift = ctx.alloca(ir.ArrayType(I32, 2 * amx.TILE_ROWS), name="zshift")
+    total = ctx.alloca(I32, name="rowsum")
+
+    def slot(array: ir.Value, i: ir.Value) -> ir.Value:
+        return b.gep(array, [ir.Constant(I32, 0), i])
+
+    def row_terms(r0: ir.Value, valid_rows: ir.Value) -> None:
+        with ctx.loop(valid_rows, name="terms") as i:
+            row = b.add(r0, i)
+            za = zero_of(row)
+            b.store(za, slot(rows_za, i))
+            b.store(ir.Constant(I32, 0), total)
+            if shifted:
+                with ctx.loop(const64(k), name="sum") as j:
+                    value = _as_unsigned(b, b.load(b.gep(a, [b.add(b.mul(row, const64(k)), j)])), a_dtype)
+                    b.store(b.add(b.load(total), value), total)
+            b.store(b.sub(b.load(total), b.mul(za, ir.Constant(I32, k))), slot(rows_shift, i))
+
+    def fix_row(row: ir.Value, i: ir.Value, column: ir.Value, end: ir.Value) -> None:
+        za, shift = b.load(slot(rows_za, i)), b.load(slot(rows_shift, i))
+        base = b.mul(row, const64(n))
+        with ctx.loop(end, start=column, name="fix_col") as j:
+            at = b.gep(c, [b.add(base, j)])
+            value = b.sub(b.load(at), b.mul(za, b.load(b.gep(sums, [j]))))
+            if shifted:
+                value = b.sub(value, b.mul(b.load(b.gep(zeros, [j])), shift))
+            b.store(value, at)
+
+    amx.emit_tile_gemm(ctx, packed, k, n, rows, a, signed, c, row_terms=row_terms, fix_row=fix_row)
 
 
 # ---- ConvInteger ----------------------------------------------------------------------------------
