@@ -38,6 +38,7 @@ from egraft.ir.dims import dims_equal
 from egraft.kernels.cpu import register_kernel
 from egraft.kernels.cpu.elementwise import broadcast_strides, collapse
 from egraft.kernels.cpu.emit import F32, I8P, I64, KernelContext, Unsupported, imin, is_float, llvm_type, splat
+from egraft.kernels.cpu.llvm import host_vector_bits
 from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN, BIAS_PER_ROW, Epilogue, blocking, emit_call
 
 #: Output columns per cache block of the axpy form (a block of ``b`` is BLOCK_K x BLOCK_N).
@@ -621,10 +622,12 @@ def attention(ctx: KernelContext) -> None:
     best, total = ctx.alloca(t, name="max"), ctx.alloca(t, name="sum")
     strides = [st[:-2] for st in (q, kt, v, mask, out)]
     rows_lo, rows_hi = ctx.share(ctx.dim(s_len))  # query rows are independent: split over threads
-    # the output row in registers (vectors of 8) when Dv is known and V's rows are contiguous
-    lanes = 8
-    registers = isinstance(dv_len, int) and dv_len % lanes == 0 and dv_len <= 16 * lanes and dim_is(v[-1], 1) \
-        and dim_is(out[-1], 1) and t == F32
+    # the output row in registers (vectors of the host's width, else of 8) when Dv is known and
+    # V's rows are contiguous; the scores in vectors of the host's width
+    lanes = max(8, host_vector_bits() // 32)
+    out_lanes = lanes if isinstance(dv_len, int) and dv_len % lanes == 0 else 8
+    registers = isinstance(dv_len, int) and dv_len % out_lanes == 0 and dv_len <= 16 * out_lanes \
+        and dim_is(v[-1], 1) and dim_is(out[-1], 1) and t == F32
     # the scores a vector of keys at a time when Kt's rows are contiguous and D is known
     vector_scores = t == F32 and isinstance(d_len, int) and d_len <= 128 and dim_is(kt[-1], 1) \
         and (pm is None or dim_is(mask[-1], 1) or dim_is(mask[-1], 0))
@@ -659,18 +662,18 @@ def attention(ctx: KernelContext) -> None:
                     bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
             out_row = offset_of(ctx, out_off, (s, out[-2]))
             if registers:  # sum p_j * V[j] unnormalized in registers, then one multiply by 1 / total
-                vt = ir.VectorType(t, lanes)
-                width = dv_len // lanes
+                vt = ir.VectorType(t, out_lanes)
+                width = dv_len // out_lanes
                 copies = max(1, 8 // width)  # keys per step, each into its own accumulators (latency)
                 slots = [[ctx.alloca(vt, name=f"out{c}_{k}") for k in range(width)] for c in range(copies)]
                 for slot in (x for per_copy in slots for x in per_copy):
-                    bld.store(ir.Constant(vt, [0.0] * lanes), slot)
+                    bld.store(ir.Constant(vt, [0.0] * out_lanes), slot)
 
                 def add_key(j: ir.Value, into: list) -> None:
-                    p = splat(bld, load_at(ctx, scores, j), lanes)
+                    p = splat(bld, load_at(ctx, scores, j), out_lanes)
                     v_row = offset_of(ctx, v_off, (j, v[-2]))
                     for k, slot in enumerate(into):
-                        at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * lanes))])
+                        at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * out_lanes))])
                         vv = bld.load(bld.bitcast(at, vt.as_pointer()), align=4)
                         bld.store(_fma(ctx, p, vv, bld.load(slot)), slot)
 
@@ -680,12 +683,12 @@ def attention(ctx: KernelContext) -> None:
                         add_key(bld.add(bld.mul(jj, ir.Constant(I64, copies)), ir.Constant(I64, c)), slots[c])
                 with ctx.loop(t_, name="t6", start=bld.mul(steps, ir.Constant(I64, copies))) as j:
                     add_key(j, slots[0])
-                inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), lanes)
+                inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), out_lanes)
                 for k in range(width):
                     value = bld.load(slots[0][k])
                     for c in range(1, copies):
                         value = bld.fadd(value, bld.load(slots[c][k]))
-                    at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * lanes))])
+                    at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * out_lanes))])
                     bld.store(bld.fmul(value, inverse), bld.bitcast(at, vt.as_pointer()), align=4)
             else:
                 with ctx.loop(t_, name="t4") as j:
