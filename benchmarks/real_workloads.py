@@ -12,7 +12,10 @@ count the median latency of egraft and of onnxruntime (every optimization, that 
 intra-op threads) timed in alternating blocks, their ratio, and egraft's *overhead share*:
 (latency - time inside kernels) / latency, the kernel time read from a profiled run (the
 time-stamp counter around each kernel inside the native call). What Python runs between
-native calls (reference kernels, control steps) counts as overhead. A last table gives
+native calls (reference kernels, control steps) counts as overhead. Whether more threads
+pay is measured as egraft against itself, 1 and 2 threads in alternating blocks (the column
+"vs 1 thread"): two separate measurements minutes apart would mostly show the machine's
+drift, which on a shared 2-core host reaches 10-25% over seconds. A last table gives
 each cold compile's seconds per stage, and the compile again with only the kernels' object
 code left in the cache (what a new model sharing its kernels with compiled ones pays).
 
@@ -62,7 +65,7 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
     from egraft.kernels.cpu.sgemm import library_module
     from egraft.testing.bench import ort_session, temporary_cache
     from egraft.testing.corpus.compare import compare_outputs
-    from egraft.testing.timing import against_onnxruntime
+    from egraft.testing.timing import against_onnxruntime, thread_counts_ms
 
     cache = temporary_cache()
     model, feeds, tolerance = _model_and_feeds(name)
@@ -90,6 +93,8 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
     for count in threads:
         compiled.threads = count
         row["runs"][str(count)] = against_onnxruntime(compiled, ort_session(proto, threads=count), feeds, budget)
+    if len(threads) > 1:  # egraft against itself: does a thread count pay, measured without drift between
+        row["threads_ms"] = {str(c): ms for c, ms in thread_counts_ms(compiled, feeds, threads, budget).items()}
     shutil.rmtree(cache / "compiled", ignore_errors=True)  # the model forgotten, its kernels' objects kept
     start = time.perf_counter()
     egraft.compile(model)
@@ -126,10 +131,14 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
         for count in threads:
             table = Table(title=f"{title}, {count} thread{'s' if count > 1 else ''}: egraft vs onnxruntime "
                                 f"(medians of alternating blocks)")
-            for column in ("model", "egraft ms", "onnxruntime ms", "egraft / ort", "overhead share",
-                           "cold compile s", "error (tolerance)"):
+            against_one = count != min(threads)  # egraft at this count against itself at the fewest
+            columns = ["model", "egraft ms", "onnxruntime ms", "egraft / ort", "overhead share", "cold compile s",
+                       "error (tolerance)"]
+            if against_one:
+                columns.insert(4, f"vs {min(threads)} thread")
+            for column in columns:
                 table.add_column(column, justify="left" if column == "model" else "right")
-            ratios = []
+            ratios, slower = [], 0
             for r in chosen:
                 if "failure" in r:
                     table.add_row(r["model"], "failed", "", "", "", "", escape(r["failure"][:80]))
@@ -138,13 +147,22 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                 ratio = run["egraft_ms"] / run["ort_ms"]
                 ratios.append(ratio)
                 ok = "" if r["error"] <= r["tolerance"] else " FAIL"
-                table.add_row(r["model"], f"{run['egraft_ms']:.3g}", f"{run['ort_ms']:.3g}", f"{ratio:.2f}",
-                              f"{run['overhead']:.1%}", f"{r['compile_s']:.1f}",
-                              f"{r['error']:.1e} ({r['tolerance']:.0e}){ok}")
+                cells = [r["model"], f"{run['egraft_ms']:.3g}", f"{run['ort_ms']:.3g}", f"{ratio:.2f}",
+                         f"{run['overhead']:.1%}", f"{r['compile_s']:.1f}",
+                         f"{r['error']:.1e} ({r['tolerance']:.0e}){ok}"]
+                if against_one:
+                    own = r.get("threads_ms", {})
+                    gain = own[str(count)] / own[str(min(threads))] if own else float("nan")
+                    slower += gain > 1.0
+                    cells.insert(4, f"{gain:.2f}")
+                table.add_row(*cells)
             above = sum(x > 1.5 for x in ratios)
             slowest = max((r["compile_s"] for r in chosen if "failure" not in r), default=float("nan"))
             table.caption = (f"geometric mean egraft / onnxruntime {_geomean(ratios):.3f} over {len(ratios)} models; "
                              f"{above} above 1.5x; slowest cold compile {slowest:.1f} s")
+            if against_one:
+                table.caption += (f"; {slower} slower at {count} threads than at {min(threads)} (egraft against "
+                                  "itself in alternating blocks)")
             console.print(table)
         _print_compiles([r for r in chosen if "failure" not in r], title, console)
 

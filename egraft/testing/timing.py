@@ -103,3 +103,28 @@ def against_onnxruntime(compiled, session, feeds: dict, budget_s: float = 2.0) -
     kernels_ms = float(np.median(inside))
     return dict(egraft_ms=times["egraft"], ort_ms=times["onnxruntime"], kernels_ms=kernels_ms,
                 overhead=max(0.0, (times["egraft"] - kernels_ms) / times["egraft"]))
+
+
+def thread_counts_ms(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0) -> dict[int, float]:
+    """egraft's median milliseconds on ``feeds`` at each of ``counts`` threads, timed against
+    itself in alternating blocks (:func:`alternating_blocks_ms`): whether threads pay is then
+    not hidden by the machine's drift between two separate measurements. Leaves
+    ``compiled.threads`` as it found it.
+
+    Example:
+        >>> thread_counts_ms(compiled, feeds, [1, 2])     # doctest: +SKIP
+        {1: 0.48, 2: 0.31}
+    """
+    before = compiled.threads
+
+    def at(count: int) -> Callable[[], object]:
+        def call() -> object:
+            compiled.threads = count
+            return compiled.run(feeds)
+        return call
+
+    try:
+        times = alternating_blocks_ms({str(c): at(c) for c in counts}, budget_s=budget_s)
+    finally:
+        compiled.threads = before
+    return {c: times[str(c)] for c in counts}
