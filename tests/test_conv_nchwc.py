@@ -109,7 +109,8 @@ CASES = [
 @pytest.fixture(params=[256, 512], ids=["8-lane vectors", "two blocks as 16-lane vectors"])
 def registers(request, monkeypatch):
     """Both ways the kernel is emitted, whatever this host's registers: 8-lane vectors per block,
-    or a tile's two blocks as one 16-lane vector (512-bit hosts; LLVM splits it on others)."""
+    or a tile's two blocks as one 16-lane vector (512-bit hosts; LLVM splits it on others),
+    four blocks a tile on wide rows and eight on narrow ones (the cases have both)."""
     monkeypatch.setattr(conv_nchwc, "host_vector_bits", lambda: request.param)
     return request.param
 
