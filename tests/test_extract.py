@@ -5,6 +5,7 @@ best plan is known, each plan run against onnxruntime."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from egraft.extract.extractor import extract
 from egraft.extract.profiles import Profile, load_profile
 from egraft.extract.program import dag_cost, rebuild_graph
 from egraft.ir.types import DType, TensorType
+from egraft.ir.work import Work
 from egraft.optimize import optimize
 from egraft.rewrite.egraph import EGraphState
 
@@ -258,6 +260,24 @@ def test_roofline_cost_is_the_slower_of_compute_and_traffic_plus_launch():
     assert (work.flops, work.reads, work.writes) == (1000.0, 4000.0, 4000.0)
     # compute: 1000 flop / 2 GFLOP/s = 0.5 us; traffic 8000 B / 4 GB/s = 2 us; plus 0.5 us launch.
     assert model.cost(snapshot, *relu) == pytest.approx(2.5)
+
+
+def test_a_familys_call_cost_is_added_per_launch_and_read_back(tmp_path):
+    """``[call_us]``: microseconds a call of a family costs beyond its roofline, added once per
+    launch; it survives a write and read, and a negative or unknown one is refused by name."""
+    profile = Profile("calls", "cpu", peak_gflops=1000.0, bandwidth_gbs=1000.0, launch_us=1.0,
+                      call_us={"winograd": 250.0})
+    model = Roofline(profile)
+    assert model.op_cost(Work(1e6, "winograd", reads=0.0, writes=0.0), None) == pytest.approx(1.0 + 1.0 + 250.0)
+    assert model.op_cost(Work(1e6, "conv_nchwc", reads=0.0, writes=0.0), None) == pytest.approx(1.0 + 1.0)
+    path = tmp_path / "calls.toml"
+    path.write_text(profile.to_toml())
+    assert load_profile(str(path)).call_us == {"winograd": 250.0}
+    for bad, message in (("winograd = -1.0", "call_us.winograd = -1.0; expected a number of microseconds >= 0"),
+                         ("wingrad = 1.0", "call_us.wingrad: unknown kernel family")):
+        path.write_text(profile.to_toml().replace("winograd = 250.0", bad))
+        with pytest.raises(EgraftError, match=re.escape(message)):
+            load_profile(str(path))
 
 
 def test_a_copied_and_edited_profile_is_read_back(tmp_path):

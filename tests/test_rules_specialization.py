@@ -259,12 +259,19 @@ def test_unfolded_winograd_weights_are_never_extracted(extractor):
 
 def test_a_compile_without_folding_runs_every_node_on_generated_code():
     """64 -> 64 channels on 28x28, where the roofline model prefers Winograd once G w G^T is a
-    constant; with folding off it is not, so the plain Conv is compiled."""
+    constant (without the shipped profile's per-call cost of a Winograd kernel, which keeps it
+    for large layers only); with folding off it is not, so the plain Conv is compiled."""
+    from dataclasses import replace
+
+    from egraft.extract.cost import Roofline
+    from egraft.extract.profiles import load_profile
+
+    flops_only = Roofline(replace(load_profile("cpu-host"), call_us={}))
     x, w = randn(1, 64, 28, 28), randn(64, 64, 3, 3)
     model = conv_model(x, w, randn(64), {"pads": [1, 1, 1, 1]})
-    folded = egraft.compile(model, use_cache=False, specialize="off")
+    folded = egraft.compile(model, use_cache=False, specialize="off", cost=flops_only)
     assert "WinogradConv" in folded.graph.op_histogram()
-    compiled = egraft.compile(model, rules_off=["folding"], use_cache=False, specialize="off")
+    compiled = egraft.compile(model, rules_off=["folding"], use_cache=False, specialize="off", cost=flops_only)
     assert compiled.report().fallbacks == []
     assert not {"WinogradConv", "WinogradWeights"} & set(compiled.graph.op_histogram())
     reference = run_onnxruntime(model, {"x": x}, exact=True)["y"]

@@ -98,6 +98,7 @@ def calibrate(threads: int = 1, base: str = "cpu-host") -> Profile:
         bandwidth_gbs=float(f"{figures['bandwidth_gbs']:.4g}"),
         launch_us=float(f"{figures['launch_us']:.3g}"),
         efficiency=dict(template.efficiency), bandwidth_efficiency=dict(template.bandwidth_efficiency),
+        call_us=dict(template.call_us),
         description=f"this machine, measured by egraft calibrate at {threads} thread(s)",
         source="; ".join([f"measured {today}: fp32 GEMM {GEMM_SIZE}^3, copy of {COPY_BYTES >> 20} MB, "
                           "16-element call", *kept]),

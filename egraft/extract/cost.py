@@ -7,7 +7,7 @@ Three models, each named (``--cost-model``) and described by its parameters:
   same arithmetic the one with fewer ops wins.
 - ``roofline``: an op costs its estimated time in microseconds on a target profile:
   ``max(flops / (peak * efficiency[family]), bytes moved / (bandwidth * bandwidth_efficiency[family]))
-  + launches * launch_us``.
+  + launches * (launch_us + call_us[family])``.
   A fused op pays memory traffic only for its own (external) inputs and outputs, a layout
   transform pays its copy, a view (Reshape, Squeeze...) pays nothing.
 
@@ -182,7 +182,7 @@ class Roofline(CostModel):
         p = self.profile
         compute = work.flops / (p.peak_gflops * p.family_efficiency(work.family) * 1e3)
         traffic = ((work.reads or 0.0) + (work.writes or 0.0)) / (p.family_bandwidth(work.family) * 1e3)
-        return max(compute, traffic) + work.launches * p.launch_us
+        return max(compute, traffic) + work.launches * (p.launch_us + p.family_call_us(work.family))
 
     def settings(self) -> dict:
         return {**super().settings(), "profile": self.profile.settings()}

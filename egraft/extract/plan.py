@@ -262,7 +262,8 @@ def plan_settings(plan: dict, plan_path: str | Path = "plan") -> dict:
     if model_settings["name"] == "roofline":
         p = model_settings["profile"]
         profile = Profile(p["name"], p["target"], p["peak_gflops"], p["bandwidth_gbs"], p["launch_us"],
-                          dict(p["efficiency"]), dict(p.get("bandwidth_efficiency", {})), source=p.get("source", ""))
+                          dict(p["efficiency"]), dict(p.get("bandwidth_efficiency", {})),
+                          call_us=dict(p.get("call_us", {})), source=p.get("source", ""))
         model = cost_model("roofline", profile, p["target"], bindings)
     else:
         model = cost_model(model_settings["name"], bindings=bindings)

@@ -48,6 +48,9 @@ class Profile:
         efficiency: kernel family -> fraction of the peak it reaches (missing = 1.0).
         bandwidth_efficiency: kernel family -> multiple of ``bandwidth_gbs`` it moves data at
             (missing = 1.0; above 1 when its working set stays in cache).
+        call_us: kernel family -> microseconds each call costs beyond its roofline and
+            ``launch_us`` (missing = 0): what a kernel pays per call inside a model that its
+            flops and bytes do not show (Winograd's three passes over private buffers).
         description: one line on what the figures describe.
         source: where the figures come from (``placeholder``, ``measured 2026-12-02``...).
         path: the file it was read from.
@@ -60,12 +63,17 @@ class Profile:
     launch_us: float
     efficiency: dict[str, float] = field(default_factory=dict)
     bandwidth_efficiency: dict[str, float] = field(default_factory=dict)
+    call_us: dict[str, float] = field(default_factory=dict)
     description: str = ""
     source: str = ""
     path: str = ""
 
     def family_efficiency(self, family: str) -> float:
         return self.efficiency.get(family, 1.0)
+
+    def family_call_us(self, family: str) -> float:
+        """Microseconds a call of ``family`` costs beyond its roofline and the launch."""
+        return self.call_us.get(family, 0.0)
 
     def family_bandwidth(self, family: str) -> float:
         """GB/s a kernel of ``family`` moves data at."""
@@ -78,6 +86,8 @@ class Profile:
                "efficiency": {k: self.efficiency[k] for k in sorted(self.efficiency)}, "source": self.source}
         if self.bandwidth_efficiency:
             out["bandwidth_efficiency"] = {k: self.bandwidth_efficiency[k] for k in sorted(self.bandwidth_efficiency)}
+        if self.call_us:
+            out["call_us"] = {k: self.call_us[k] for k in sorted(self.call_us)}
         return out
 
     def to_toml(self) -> str:
@@ -98,6 +108,10 @@ class Profile:
                       "[bandwidth_efficiency]"]
             lines += [f"{k} = {float(v)!r}" for k in FAMILIES
                       if (v := self.bandwidth_efficiency.get(k)) is not None]
+        if self.call_us:
+            lines += ["", "# Microseconds each call of a kernel family costs beyond its roofline and launch_us.",
+                      "[call_us]"]
+            lines += [f"{k} = {float(v)!r}" for k in FAMILIES if (v := self.call_us.get(k)) is not None]
         return "\n".join(lines) + "\n"
 
 
@@ -185,11 +199,20 @@ def load_profile(name_or_path: str) -> Profile:
                               f"known: {', '.join(FAMILIES)}")
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
             raise EgraftError(f"{path}: bandwidth_efficiency.{family} = {value!r}; expected a positive number")
+    call_us = data.get("call_us", {})
+    if not isinstance(call_us, dict):
+        raise EgraftError(f"{path}: call_us must be a table ([call_us])")
+    for family, value in call_us.items():
+        if family not in FAMILIES:
+            raise EgraftError(f"{path}: call_us.{family}: unknown kernel family; known: {', '.join(FAMILIES)}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise EgraftError(f"{path}: call_us.{family} = {value!r}; expected a number of microseconds >= 0")
     return Profile(name=data.get("name", path.stem), target=data.get("target", "cpu"),
                    peak_gflops=float(data["peak_gflops"]), bandwidth_gbs=float(data["bandwidth_gbs"]),
                    launch_us=float(data["launch_us"]),
                    efficiency={k: float(v) for k, v in efficiency.items()},
                    bandwidth_efficiency={k: float(v) for k, v in bandwidth.items()},
+                   call_us={k: float(v) for k, v in call_us.items()},
                    description=data.get("description", ""), source=data.get("source", ""), path=str(path))
 
 
