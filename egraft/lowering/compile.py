@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ from egraft.kernels.cpu.llvm import NO_UNROLL, JitModule, compile_jobs, host_cpu
 from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
 from egraft.lowering.kernel_memo import Emission, KernelMemo, replay
 from egraft.lowering.kernels import KernelSet
-from egraft.lowering.memory import BufferSpec
+from egraft.lowering.memory import ALIGNMENT, BufferSpec
 
 #: Ops whose output is its input's storage, reshaped.
 VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"}
@@ -56,8 +57,9 @@ SIZED_BY_INPUT_VALUES = {"Range", "Expand", "ConstantOfShape", "Slice"}
 
 @dataclass(frozen=True)
 class Step:
-    """One node of the schedule: ``kind`` is ``kernel``, ``view``, ``fallback`` or ``control``;
-    ``function`` names a kernel's LLVM function; ``reason`` says why a node fell back."""
+    """One node of the schedule: ``kind`` is ``kernel``, ``view``, ``placed`` (a Concat whose
+    inputs were written in place: nothing runs), ``fallback`` or ``control``; ``function``
+    names a kernel's LLVM function; ``reason`` says why a node fell back."""
 
     index: int
     node: Node
@@ -88,6 +90,9 @@ class Lowered:
     #: the distinct kernels (one LLVM module each) and each kernel step's call of its kernel
     kernels: KernelSet
     seconds: dict[str, float] = field(default_factory=dict)
+    #: a Concat's inputs written in place: value name -> (the Concat output whose buffer holds
+    #: it, byte offset there, bytes); see :func:`_concat_in_place`
+    parts: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     #: constants the kernels computed at compile time (packed weights), by table slot name
     derived: dict = field(default_factory=dict)
     #: the constant values (by name) that some step reads at run time: a kernel's operands
@@ -223,7 +228,15 @@ def _lower(graph: Graph) -> Lowered:
     storage: dict[str, str] = {}
     sharing = _StorageGroups(graph)
     input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
+    parts: dict[str, tuple[str, int, int]] = {}
+    producers: dict[str, Step] = {}
     for index, node in enumerate(graph.nodes):
+        if steps:
+            producers.update((v.name, steps[-1]) for v in steps[-1].node.outputs if v is not None)
+        if node.op == "Concat" and node.domain in ("", "ai.onnx") \
+                and _concat_in_place(node, producers, storage, parts, sharing, output_names):
+            steps.append(Step(index, node, "placed"))
+            continue
         if is_control(node):  # its bodies become compiled sub-programs (even when its output rank is unknown)
             try:
                 bodies[index] = lower_bodies(node, lower, f"{graph.name}#{index}")
@@ -297,9 +310,9 @@ def _lower(graph: Graph) -> Lowered:
             why = f": {step.reason}" if step.kind == "fallback" else ""
             outs = ", ".join(f"%{v.name}" for v in step.node.outputs if v is not None)
             trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
-    buffers, dynamic = _buffers(graph, steps, storage, input_symbols)
+    buffers, dynamic = _buffers(graph, steps, storage, input_symbols, parts)
     return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, kernels,
-                   {"lower": time.perf_counter() - start}, derived, runtime_constants, packed_from,
+                   {"lower": time.perf_counter() - start}, parts, derived, runtime_constants, packed_from,
                    bodies=bodies, source_nodes=None if graph is source else list(source.nodes),
                    reused_emissions=memo.hits)
 
@@ -435,11 +448,66 @@ def _reuse_a_dying_input(index: int, node: Node, storage: dict[str, str], slots:
         return
 
 
-def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
-             input_symbols: set[str]) -> tuple[list[BufferSpec], set[str]]:
+def _concat_in_place(node: Node, producers: dict[str, Step], storage: dict[str, str],
+                     parts: dict[str, tuple[str, int, int]], sharing: _StorageGroups, output_names: set[str]) -> bool:
+    """A Concat along an axis with only 1s before it (``[1, C/8, H, W, 8]`` on the channel
+    blocks: each input is one contiguous range of the output) copies nothing: its inputs'
+    kernels write straight into their ranges of its buffer. Taken when the output is not a
+    graph output, every size is static and every range starts 64-byte aligned, and each
+    input is a distinct value a kernel (or another such Concat) wrote, that owns its buffer
+    (no view or in-place result shares it) and sits in no other Concat. An input that is
+    such a Concat's output brings its own ranges along (DenseNet's growing concatenations
+    become one buffer). Records the ranges in ``parts`` and returns True.
+
+    Example: SqueezeNet's ``Concat(e1: f32[1, 8, 55, 55, 8], e3: f32[1, 8, 55, 55, 8], axis=1)``:
+    e1 at byte 0, e3 at byte 774,400 of the Concat's buffer."""
+    out = node.outputs[0]
+    if len(node.outputs) != 1 or out is None or out.name in output_names or out.type.shape is None:
+        return False
+    shape = out.type.shape
+    if not all(isinstance(d, int) for d in shape) or not shape:
+        return False
+    axis = int(node.attrs.get("axis", 0))
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis < len(shape) or math.prod(shape[:axis]) != 1:
+        return False
+    inputs = list(node.inputs)
+    if any(v is None for v in inputs) or len({v.name for v in inputs}) != len(inputs):
+        return False
+    ranges, offset = [], 0
+    for v in inputs:
+        step = producers.get(v.name)
+        if v.const is not None or step is None or step.kind not in ("kernel", "placed") or v.name in output_names \
+                or v.type.dtype != out.type.dtype or v.type.shape is None \
+                or not all(isinstance(d, int) for d in v.type.shape):
+            return False
+        if storage.get(v.name, v.name) != v.name or v.name in parts or offset % ALIGNMENT:
+            return False
+        own = [name for name, (owner, _, _) in parts.items() if owner == v.name]
+        if any(root == v.name and name not in own for name, root in storage.items()):
+            return False  # a view or an in-place result lives in its buffer
+        nbytes = math.prod(v.type.shape) * v.type.dtype.numpy.itemsize
+        ranges.append((v, offset, nbytes, own))
+        offset += nbytes
+    for v, at, nbytes, own in ranges:
+        for name in own:  # its own ranges move along with it
+            _, inner, size = parts[name]
+            parts[name] = (out.name, at + inner, size)
+            storage[name] = out.name
+            sharing.join(out.name, name)
+        parts[v.name] = (out.name, at, nbytes)
+        storage[v.name] = out.name
+        sharing.join(out.name, v.name)
+    return True
+
+
+def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str], input_symbols: set[str],
+             parts: dict[str, tuple[str, int, int]] | None = None) -> tuple[list[BufferSpec], set[str]]:
     """Arena buffers: intermediate values (not inputs, constants, outputs or views), with
-    their lifetimes extended over the views that read their storage; and the values whose
-    size depends on dims that only their producer learns (allocated when it runs)."""
+    their lifetimes extended over the views that read their storage (a Concat written in
+    place: from its first input's kernel on); and the values whose size depends on dims
+    that only their producer learns (allocated when it runs)."""
+    parts = parts or {}
     outside = {v.name for v in graph.inputs} | {v.name for v in graph.outputs}
     dynamic: set[str] = set()
     first: dict[str, int] = {}
@@ -452,6 +520,16 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
         if step.kind == "view":
             continue
         for v in step.node.outputs:
+            if v is not None and v.name in parts:  # written in place into a Concat's buffer
+                owner = parts[v.name][0]
+                first[owner] = min(first.get(owner, k), k)
+                last[owner] = max(last.get(owner, k), k)
+                continue
+            if v is not None and step.kind == "placed":
+                first[v.name] = min(first.get(v.name, k), k)
+                last[v.name] = max(last.get(v.name, k), k)
+                sizes[v.name] = _nbytes(v)
+                continue
             if v is None or v.name in storage:
                 continue  # in place: it lives in an input's buffer
             size = _nbytes(v)
@@ -463,7 +541,8 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str],
             first[v.name] = k
             last.setdefault(v.name, k)
             sizes[v.name] = size
-    buffers = [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)]
+    buffers = [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)
+               if name in sizes]
     return buffers, dynamic
 
 

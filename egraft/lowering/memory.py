@@ -80,8 +80,11 @@ class MemoryPlan:
     no_reuse: int
 
 
-def plan_memory(buffers: list[BufferSpec], bindings: dict[str, int]) -> MemoryPlan:
-    """The arena layout of ``buffers`` with the symbolic dims bound to ``bindings``."""
+def plan_memory(buffers: list[BufferSpec], bindings: dict[str, int],
+                parts: dict[str, tuple[str, int, int]] | None = None) -> MemoryPlan:
+    """The arena layout of ``buffers`` with the symbolic dims bound to ``bindings``; each of
+    ``parts`` (value -> (owner, byte offset, bytes): a Concat's inputs written in place) at
+    its offset in its owner's buffer."""
     sizes = []
     for b in buffers:
         try:
@@ -90,5 +93,8 @@ def plan_memory(buffers: list[BufferSpec], bindings: dict[str, int]) -> MemoryPl
         except KeyError:
             raise ValueError(f"the size of %{b.value} ({b.nbytes} bytes) depends on an unbound dim") from None
     offsets, peak = assign_offsets(sizes, [(b.first, b.last) for b in buffers])
-    return MemoryPlan({b.value: o for b, o in zip(buffers, offsets)}, {b.value: s for b, s in zip(buffers, sizes)},
-                      peak, sum(_align(s) for s in sizes))
+    placed = {b.value: o for b, o in zip(buffers, offsets)}
+    nbytes = {b.value: s for b, s in zip(buffers, sizes)}
+    for name, (owner, offset, size) in (parts or {}).items():
+        placed[name], nbytes[name] = placed[owner] + offset, size
+    return MemoryPlan(placed, nbytes, peak, sum(_align(s) for s in sizes))

@@ -377,7 +377,7 @@ class CompiledModel:
         with self._plans_lock:
             plan = self._plans.get(key)
         if plan is None:
-            plan = plan_memory(self._lowered.buffers, bindings)
+            plan = plan_memory(self._lowered.buffers, bindings, self._lowered.parts)
             with self._plans_lock:
                 self._plans[key] = plan
         return plan
@@ -407,7 +407,7 @@ class CompiledModel:
                     fallbacks.extend((f"{s.node.label} / {attr}: {label}", op, reason)
                                      for label, op, reason in body.report(bindings).fallbacks)
         return CompileReport(
-            kernels=sum(s.kind == "kernel" for s in steps), views=sum(s.kind == "view" for s in steps),
+            kernels=sum(s.kind == "kernel" for s in steps), views=sum(s.kind in ("view", "placed") for s in steps),
             fallbacks=fallbacks, controls=sum(s.kind == "control" for s in steps),
             peak_bytes=peak, no_reuse_bytes=no_reuse, bindings=bindings, seconds=dict(self._lowered.seconds),
             cached=bool(self._jit and self._jit.cached), cache_hit=self.cache_hit)
@@ -431,7 +431,8 @@ class CompiledModel:
             f"inputs: {', '.join(f'{v.name}: {v.type}' for v in self.graph.inputs) or '(none)'}",
             f"outputs: {', '.join(f'{v.name}: {v.type}' for v in self.graph.outputs)}",
             f"symbolic dims: {', '.join(self._lowered.symbols) or 'none (all dims static)'}",
-            f"steps: {sum(s.kind == 'kernel' for s in steps)} kernels, {sum(s.kind == 'view' for s in steps)} views, "
+            f"steps: {sum(s.kind == 'kernel' for s in steps)} kernels, "
+            f"{sum(s.kind in ('view', 'placed') for s in steps)} views, "
             f"{count} on reference kernels" + (f" ({', '.join(fallbacks)})" if fallbacks else "")
             + (f", {controls} with compiled bodies" if controls else ""),
             f"threads: {self.threads}",
@@ -695,6 +696,8 @@ class CompiledModel:
                 workers.run(self._addresses[step.index], table.ctypes.data, dims.ctypes.data, threads, scratch)
             else:
                 self._functions[step.index](table.ctypes.data, dims.ctypes.data, 0, 1, scratch)
+        elif step.kind == "placed":
+            pass  # a Concat its inputs' kernels wrote in place
         elif step.kind == "view":
             out = step.node.outputs[0]
             source = env[step.node.inputs[0].name] if step.node.inputs[0].const is None \

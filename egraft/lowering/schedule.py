@@ -118,6 +118,11 @@ def build_schedule(lowered: Lowered, graph: Graph, constants: Mapping[str, np.nd
 
     for step in lowered.steps:
         node = step.node
+        if step.kind == "placed":  # a Concat its inputs' kernels wrote in place: nothing runs
+            for v in node.outputs:
+                put(v.name, ARENA, "", plan.offsets[v.name])
+            run.append(step)
+            continue
         if step.kind == "view":
             source, out = node.inputs[0], node.outputs[0]
             if source.name in locate:
