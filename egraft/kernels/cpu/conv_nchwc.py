@@ -221,8 +221,10 @@ def channel_tiles(out_channels: int, tile: int = TILE_VECTORS) -> list[int]:
 
 
 #: Output columns up to which a 512-bit host takes channel tiles of 8 blocks (narrow rows:
-#: their tiles have few pixels, so more channels keep enough accumulators in flight).
-NARROW_COLUMNS = 14
+#: their tiles have few pixels, so more channels keep enough accumulators in flight). On
+#: 14-column rows the gain was 1-3% for twice the code per tile (ResNet-50's cold compile
+#: +0.8 s with 14, +0.1-0.5 s with 7).
+NARROW_COLUMNS = 7
 
 
 def tile_blocks(out_w: int | None = None) -> int:
