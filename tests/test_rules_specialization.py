@@ -318,3 +318,34 @@ def test_binding_the_batch_folds_the_shape_arithmetic(batch):
     assert scale_relative_error(generic.graph.run({"x": x})["y"], reference) <= 1e-6
     exported = run_onnxruntime(egraft.to_onnx(special.graph), {"x": x}, exact=True)["y"]
     assert scale_relative_error(exported, reference) <= 1e-6
+
+
+def test_a_chain_of_constant_ops_folds_whole_before_saturation_rounds_run_out():
+    """Binding n makes Range(0, n) and the 12 ops after it constants (T5's relative-position
+    bias on [seq, seq]); they fold to one constant even when saturation gets 2 rounds, since
+    the folding rules run to a fixpoint first. The result matches onnxruntime."""
+    from egraft.rewrite.engine import Budget
+
+    ints = {k: numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("zero", 0), ("one", 1), ("axis0", [0]),
+                                                                                ("axis1", [1]))}
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "axis0"], ["row"]),
+             helper.make_node("Unsqueeze", ["r", "axis1"], ["col"]),
+             helper.make_node("Sub", ["row", "col"], ["d"]), helper.make_node("Abs", ["d"], ["a"]),
+             helper.make_node("Cast", ["a"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["f", "onef"], ["f1"]), helper.make_node("Log", ["f1"], ["l"]),
+             helper.make_node("Mul", ["l", "half"], ["m"]), helper.make_node("Neg", ["m"], ["g"]),
+             helper.make_node("Exp", ["g"], ["e"]), helper.make_node("Add", ["x", "e"], ["y"])]
+    inits = [*ints.values(), numpy_helper.from_array(np.array(1.0, np.float32), "onef"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    result = optimize(egraft.load(model), bindings={"n": 12}, budget=Budget(iterations=2))
+    assert [n.op for n in result.graph.nodes] == ["Add"]
+    assert result.saturation.rules["fold_constants"].applied >= 10
+    x = np.random.default_rng(3).normal(size=(12, 12)).astype(np.float32)
+    want = run_onnxruntime(model, {"x": x})["y"]
+    np.testing.assert_allclose(result.graph.run({"x": x})["y"], want, rtol=1e-6, atol=1e-6)
