@@ -40,9 +40,12 @@ KERNEL = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64.as_pointer(), I64
 #: 32 bits of its generation) in the high half and the next unclaimed part in the low half.
 GENERATION, DONE, KERNEL_FN, TABLE, DIMS, PARTS, SLEEPING, BUSY, CLAIM = range(9)
 STATE_FIELDS = 9
-#: ``pause`` iterations a worker spins after a job before it sleeps (a few hundred
-#: microseconds: the kernels of one run follow each other closer than that).
-SPIN = 10000
+#: ``pause`` iterations a worker spins after a job before it sleeps: tens of microseconds
+#: (``pause`` takes about 140 cycles on Intel since Skylake, a few dozen on AMD). 10,000
+#: (half a millisecond on Intel) outlasted a whole 50 us model run: the spinning worker
+#: then slowed the caller on a 2-vCPU host (akiki_vad at 2 threads 1.06x its 1-thread
+#: time, 1.01x with 1,000; ppocr_v4_rec and SqueezeNet at 2 threads kept their speed).
+SPIN = 1000
 SYS_FUTEX = 202  # x86-64 Linux
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 
