@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -159,6 +160,20 @@ _NUMBERS = ("peak_gflops", "bandwidth_gbs", "launch_us")
 _STRINGS = ("name", "target", "description", "source")
 
 
+def _family_table(data: dict, path: Path, key: str, valid: Callable[[float], bool], expected: str) -> dict[str, float]:
+    """The table ``[key]`` of kernel family -> number (empty when absent), each family known
+    and each number ``valid``; anything else raises an error naming the file and the key."""
+    table = data.get(key, {})
+    if not isinstance(table, dict):
+        raise EgraftError(f"{path}: {key} must be a table ([{key}])")
+    for family, value in table.items():
+        if family not in FAMILIES:
+            raise EgraftError(f"{path}: {key}.{family}: unknown kernel family; known: {', '.join(FAMILIES)}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not valid(value):
+            raise EgraftError(f"{path}: {key}.{family} = {value!r}; expected {expected}")
+    return {family: float(value) for family, value in table.items()}
+
+
 def load_profile(name_or_path: str) -> Profile:
     """Read a profile by name or path; a malformed file raises an error naming the file and key."""
     path = find_profile(name_or_path)
@@ -182,37 +197,13 @@ def load_profile(name_or_path: str) -> Profile:
             raise EgraftError(f"{path}: {key} = {data[key]!r}; expected a string")
     if data.get("target", "cpu") not in TARGET_PROFILES:
         raise EgraftError(f"{path}: target = {data['target']!r}; expected one of {sorted(TARGET_PROFILES)}")
-    efficiency = data.get("efficiency", {})
-    if not isinstance(efficiency, dict):
-        raise EgraftError(f"{path}: efficiency must be a table ([efficiency])")
-    for family, value in efficiency.items():
-        if family not in FAMILIES:
-            raise EgraftError(f"{path}: efficiency.{family}: unknown kernel family; known: {', '.join(FAMILIES)}")
-        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
-            raise EgraftError(f"{path}: efficiency.{family} = {value!r}; expected a fraction in (0, 1]")
-    bandwidth = data.get("bandwidth_efficiency", {})
-    if not isinstance(bandwidth, dict):
-        raise EgraftError(f"{path}: bandwidth_efficiency must be a table ([bandwidth_efficiency])")
-    for family, value in bandwidth.items():
-        if family not in FAMILIES:
-            raise EgraftError(f"{path}: bandwidth_efficiency.{family}: unknown kernel family; "
-                              f"known: {', '.join(FAMILIES)}")
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise EgraftError(f"{path}: bandwidth_efficiency.{family} = {value!r}; expected a positive number")
-    call_us = data.get("call_us", {})
-    if not isinstance(call_us, dict):
-        raise EgraftError(f"{path}: call_us must be a table ([call_us])")
-    for family, value in call_us.items():
-        if family not in FAMILIES:
-            raise EgraftError(f"{path}: call_us.{family}: unknown kernel family; known: {', '.join(FAMILIES)}")
-        if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-            raise EgraftError(f"{path}: call_us.{family} = {value!r}; expected a number of microseconds >= 0")
+    efficiency = _family_table(data, path, "efficiency", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+    bandwidth = _family_table(data, path, "bandwidth_efficiency", lambda v: v > 0, "a positive number")
+    call_us = _family_table(data, path, "call_us", lambda v: v >= 0, "a number of microseconds >= 0")
     return Profile(name=data.get("name", path.stem), target=data.get("target", "cpu"),
                    peak_gflops=float(data["peak_gflops"]), bandwidth_gbs=float(data["bandwidth_gbs"]),
                    launch_us=float(data["launch_us"]),
-                   efficiency={k: float(v) for k, v in efficiency.items()},
-                   bandwidth_efficiency={k: float(v) for k, v in bandwidth.items()},
-                   call_us={k: float(v) for k, v in call_us.items()},
+                   efficiency=efficiency, bandwidth_efficiency=bandwidth, call_us=call_us,
                    description=data.get("description", ""), source=data.get("source", ""), path=str(path))
 
 
