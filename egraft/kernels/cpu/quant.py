@@ -555,29 +555,13 @@ def matmul_integer(ctx: KernelContext) -> None:
     packed = _pack_weights(ctx, product, "quant.integer_panels", b_zero)
     b = ctx.builder
     a, c = ctx.in_ptr(0), ctx.out_ptr(0)
-    # A's zero point: none, per tensor (loaded once) or per row of A's last matrix
-    a_zp_ptr, a_zp_rows, a_zp = None, None, ir.Constant(I32, 0)
-    if ctx.has_input(2):
-        zp_shape = ctx.shape(ctx.in_type(2))
-        a_zp_ptr = ctx.in_ptr(2)
-        if _is_scalar(zp_shape):
-            a_zp = b.load(a_zp_ptr)
-        elif len(zp_shape) == 1 and len(a_shape) >= 2:
-            a_zp_rows = ctx.dim(a_shape[-2])
-        else:
-            raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
     vt32 = ir.VectorType(I32, width)
     terms = ZeroPoints(ctx, product, packed, k, n) if product.depth == 4 else None
+    zero_of = _a_zero_point(ctx, a_dtype, a_shape, unsigned=terms is not None)
     total = ctx.alloca(I32, name="rowsum")
 
     def pack_row(row: ir.Value, put, i: int) -> None:
-        zero = a_zp if a_zp_rows is None else b.load(b.gep(a_zp_ptr, [b.srem(row, a_zp_rows)]))
-        if a_zp_ptr is None:
-            zero = ir.Constant(I32, 0 if terms is None or a_dtype == DType.UINT8 else 128)
-        elif terms is None:
-            zero = _widen(b, zero, a_dtype)
-        else:
-            zero = _as_unsigned(b, zero, a_dtype)
+        zero = zero_of(row)
         src = b.mul(row, const64(k))
         b.store(ir.Constant(I32, 0), total)
         with ctx.loop(const64(k), name="col") as j:
@@ -606,21 +590,28 @@ def matmul_integer(ctx: KernelContext) -> None:
                     terms.finish if terms is not None else None)
 
 
-def _a_zero_point(ctx: KernelContext, a_dtype: DType, a_shape) -> Callable[[ir.Value], ir.Value]:
-    """A's zero point for a row of A's rows (``i64``) as the uint8 it maps to, in int32:
-    0 (or 128 for int8 A) without one, the scalar, or the row's of a per-row zero point."""
+def _a_zero_point(ctx: KernelContext, a_dtype: DType, a_shape,
+                  unsigned: bool = True) -> Callable[[ir.Value], ir.Value]:
+    """A's zero point for a row of A's rows (``i64``), in int32: none, per tensor (loaded
+    once, here) or per row of A's last matrix. ``unsigned``: as the uint8 it maps to (int8
+    shifted by 128; 128 for an int8 A without one), for the products on raw uint8 bytes;
+    else as its own value (0 without one)."""
     b = ctx.builder
     if not ctx.has_input(2):
-        fixed = ir.Constant(I32, 0 if a_dtype == DType.UINT8 else 128)
+        fixed = ir.Constant(I32, 128 if unsigned and a_dtype == DType.INT8 else 0)
         return lambda row: fixed
+
+    def widened(value: ir.Value) -> ir.Value:
+        return _as_unsigned(b, value, a_dtype) if unsigned else _widen(b, value, a_dtype)
+
     zp_shape = ctx.shape(ctx.in_type(2))
     pointer = ctx.in_ptr(2)
     if _is_scalar(zp_shape):
-        value = _as_unsigned(b, b.load(pointer), a_dtype)
+        value = widened(b.load(pointer))
         return lambda row: value
     if len(zp_shape) == 1 and len(a_shape) >= 2:
         per = ctx.dim(a_shape[-2])
-        return lambda row: _as_unsigned(b, b.load(b.gep(pointer, [b.srem(row, per)])), a_dtype)
+        return lambda row: widened(b.load(b.gep(pointer, [b.srem(row, per)])))
     raise Unsupported(f"MatMulInteger a_zero_point of shape {list(zp_shape)} has no generated code")
 
 
