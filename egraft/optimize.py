@@ -22,7 +22,7 @@ from egraft.extract.extractor import extract
 from egraft.extract.program import Extraction, rebuild
 from egraft.ir.graph import Graph
 from egraft.ir.specialize import specialize
-from egraft.rewrite.ast import Rule, RuleFile
+from egraft.rewrite.ast import ECall, Rule, RuleFile
 from egraft.rewrite.egraph import EGraphState, Snapshot
 from egraft.rewrite.engine import Budget, RuleStats, SaturationReport, saturate
 
@@ -83,25 +83,24 @@ def cycle_collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-#: The rules that evaluate constant subexpressions, run to a fixpoint before the others.
-FOLDING_RULES = ("fold_constants", "fold_shape", "fold_size")
+def _folds(rule: Rule) -> bool:
+    """A rule whose every replacement is ``fold(...)``: it evaluates a constant subexpression."""
+    return all(isinstance(r, ECall) and r.func == "fold" for r in rule.results)
 
 
-def _saturate_after_folding(state: EGraphState, rules: list, budget: Budget | None,
-                            progress: Callable[[int, int], None] | None):
-    """Saturation, after the folding rules alone have run until nothing more folds: in the
-    full rounds a chain of constant ops folds one op per round, and a large graph may reach
-    its deadline first (T5's relative-position bias, 15 ops on [seq, seq] once seq is
-    bound, folded 4 deep when saturation stopped). The report counts both runs."""
-    folding = [r for r in rules if r.name in FOLDING_RULES]
+def _saturate_after_folding(state: EGraphState, rules: list[Rule], budget: Budget | None,
+                            progress: Callable[[int, int], None] | None) -> SaturationReport:
+    """Saturation, after the folding rules (:func:`_folds`) alone have run until nothing more
+    folds: in the full rounds a chain of constant ops folds one op per round, and a large
+    graph may reach its deadline first (T5's relative-position bias, 15 ops on [seq, seq]
+    once seq is bound, folded 4 deep when saturation stopped). The report counts both runs."""
+    folding = [r for r in rules if _folds(r)]
     if not folding:
         return saturate(state, rules, budget, progress)
     first = saturate(state, folding, Budget(iterations=100, seconds=2.0))
     report = saturate(state, rules, budget, progress)
     for name, stats in first.rules.items():
-        total = report.rules.setdefault(name, RuleStats())
-        for key in ("matches", "applied", "guard_refused", "build_failed", "banned", "seconds"):
-            setattr(total, key, getattr(total, key) + getattr(stats, key))
+        report.rules.setdefault(name, RuleStats()).add(stats)
     report.seconds += first.seconds
     report.nodes_before = first.nodes_before
     return report

@@ -541,8 +541,7 @@ def _buffers(graph: Graph, steps: list[Step], storage: dict[str, str], input_sym
             first[v.name] = k
             last.setdefault(v.name, k)
             sizes[v.name] = size
-    buffers = [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)
-               if name in sizes]
+    buffers = [BufferSpec(name, sizes[name], first[name], last[name]) for name in sorted(first, key=first.get)]
     return buffers, dynamic
 
 

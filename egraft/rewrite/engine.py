@@ -73,6 +73,12 @@ class RuleStats:
     seconds: float = 0.0
     last_failure: str = ""
 
+    def add(self, other: RuleStats) -> None:
+        """Count ``other``'s run in too (its last failure, if any, is the later one)."""
+        for key in ("matches", "applied", "guard_refused", "build_failed", "banned", "seconds"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.last_failure = other.last_failure or self.last_failure
+
 
 @dataclass
 class SaturationReport:

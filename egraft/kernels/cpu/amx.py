@@ -22,10 +22,9 @@ from functools import cache
 
 from llvmlite import ir
 
-from egraft.kernels.cpu.emit import I8, I32, I64, KernelContext, const64, imin, masked_store, splat
+from egraft.kernels.cpu.emit import I8, I8P, I32, I64, KernelContext, const64, imin, masked_store, splat
 from egraft.kernels.cpu.llvm import host_cpu
 
-I8P = I8.as_pointer()
 #: a tile: 16 rows of 64 bytes
 TILE_ROWS, TILE_BYTES = 16, 64
 #: k values per step (one row of an A tile)
