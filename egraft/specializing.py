@@ -90,11 +90,6 @@ class SpecializingModel:
     def __init__(self, generic, model, shape: Mapping[str, int], options: Mapping[str, object]):
         self.generic = generic
         self._shape = dict(shape)  # dims the caller bound at compile time: every variant binds them too
-        self._model = bytes(model) if isinstance(model, bytes | bytearray) else model
-        if isinstance(model, str | Path):
-            self._model = str(model)
-        elif hasattr(model, "SerializeToString"):
-            self._model = model.SerializeToString()
         self._options = dict(options)
         self._inputs = [(v.name, [int(d) if isinstance(d, int | sympy.Integer) else d for d in v.type.shape])
                         for v in generic.graph.inputs if v.type.shape is not None]
@@ -103,6 +98,11 @@ class SpecializingModel:
         #: one-element integer inputs whose value decides an If (silero's sample rate): a
         #: variant binds their value too, so the branch runs inline in its native schedule
         self._deciding = [] if "values" in self._options else deciding_inputs(generic.graph)
+        self._model = bytes(model) if isinstance(model, bytes | bytearray) else model
+        if isinstance(model, str | Path):
+            self._model = str(model)
+        elif hasattr(model, "SerializeToString") and (self._symbols or self._deciding):
+            self._model = model.SerializeToString()  # a copy: what the caller does to theirs later is theirs
         self._ready: dict[tuple, object] = {}
         self._state: dict[tuple, str] = {}
         self._lock = threading.Lock()

@@ -148,10 +148,11 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     snapshot = state.snapshot()
     const_refs = {snapshot.class_ref[c] for c in snapshot.const_class}
     newly_const: set[int] = set(const_refs)
-    # Incremental (semi-naive) matching: a single-root rule matched completely against snapshot j
-    # is next matched only at roots whose pattern reaches an e-class changed since (merged, new
-    # e-node, newly constant): every other match is one it already found.
-    depth = {r.name: pattern_depth(r.roots[0]) for r in rules if len(r.roots) == 1 and incremental}
+    # Incremental (semi-naive) matching: a rule matched completely against snapshot j is next
+    # matched only where some root's pattern reaches an e-class changed since (merged, new e-node,
+    # newly constant): every other match is one it already found (a multi-root rule's roots,
+    # Inception's parallel convolutions, each matched the same as before and joined the same).
+    depth = {r.name: tuple(pattern_depth(root) for root in r.roots) for r in rules if incremental}
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
     changed_since: list[set[int]] = [set()]  # per snapshot: first handles of the e-classes it changed
     signatures = snapshot.signatures()
@@ -182,11 +183,14 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
             within = None
             if name in matched_at:
                 since = matched_at[name]
-                region_key = (since, depth[name])
-                if region_key not in regions:
-                    seeds = {snapshot.ref_class[r] for k in range(since + 1, current + 1) for r in changed_since[k]}
-                    regions[region_key] = matcher.region(seeds, depth[name])
-                within = regions[region_key]
+                within = []
+                for levels in depth[name]:
+                    region_key = (since, levels)
+                    if region_key not in regions:
+                        seeds = {snapshot.ref_class[r] for k in range(since + 1, current + 1)
+                                 for r in changed_since[k]}
+                        regions[region_key] = matcher.region(seeds, levels)
+                    within.append(regions[region_key])
             substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within)
             if len(substs) > threshold[name]:
                 ban_count[name] += 1

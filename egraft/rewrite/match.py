@@ -8,7 +8,7 @@ earlier roots bound (multi-root rules join on shared variables).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from egraft.ir.registry import get_op
@@ -217,16 +217,38 @@ class Matcher:
                 return sorted(users.intersection(candidates))
         return candidates
 
-    def match_rule(self, rule: Rule, limit: int | None = None, within: set[int] | None = None) -> list[Subst]:
-        """All substitutions for the rule's roots (at most ``limit``); with ``within``, only those
-        whose single root is one of those e-classes (incremental matching)."""
+    def match_rule(self, rule: Rule, limit: int | None = None,
+                   within: Sequence[set[int] | None] | None = None) -> list[Subst]:
+        """All substitutions for the rule's roots (at most ``limit``); with ``within`` (a set of
+        e-classes per root), only those where some root ``i`` is in ``within[i]`` (incremental
+        matching: a match whose every root lies outside was found before). Each root with a set
+        is searched first in turn, narrowed to it, the others joined to it; a match found twice
+        (two roots inside) is kept once."""
         candidates = [self.candidates(root) for root in rule.roots]
-        if within is not None:
-            assert len(candidates) == 1, "incremental matching is for single-root rules"
-            candidates = [[c for c in candidates[0] if c in within]]
-        search = _Search(rule, limit, candidates)
-        self._extend(search, 0, {})
-        return search.results
+        if within is None:
+            search = _Search(rule, limit, candidates, list(range(len(candidates))))
+            self._extend(search, 0, {})
+            return search.results
+        results: list[Subst] = []
+        seen: set[tuple] = set()
+        for first, inside in enumerate(within):
+            if inside is None:
+                continue
+            narrowed = [c for c in candidates[first] if c in inside]
+            if not narrowed:
+                continue
+            order = [first] + [i for i in range(len(candidates)) if i != first]
+            left = None if limit is None else limit - len(results)
+            search = _Search(rule, left, [narrowed if i == first else candidates[i] for i in order], order)
+            self._extend(search, 0, {})
+            for subst in search.results:
+                key = repr(sorted(subst.items(), key=lambda kv: kv[0])) if len(order) > 1 else None
+                if key is None or key not in seen:
+                    seen.add(key)
+                    results.append(subst)
+            if limit is not None and len(results) >= limit:
+                break
+        return results
 
     def _extend(self, search: _Search, i: int, subst: Subst) -> bool:
         """Add the matches of roots ``i``... that extend ``subst``; True once the limit is reached.
@@ -236,7 +258,7 @@ class Matcher:
         if i == len(names):
             search.results.append(subst)
             return search.limit is not None and len(search.results) >= search.limit
-        root = search.rule.roots[i]
+        root = search.roots[i]
         candidates = search.candidates[i]
         if i > 0:
             candidates = self._join_candidates(root, candidates, subst)
@@ -264,10 +286,11 @@ class _Search:
     """The state of one :meth:`Matcher.match_rule` call: the rule, the limit, each root's
     candidate e-classes and root names, and the matches found so far."""
 
-    def __init__(self, rule: Rule, limit: int | None, candidates: list[list[int]]):
+    def __init__(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int]):
         self.rule = rule
         self.limit = limit
-        self.candidates = candidates
-        self.names = [ROOT.format(i) for i in range(len(rule.roots))]
+        self.candidates = candidates  # per root, in the order searched
+        self.roots = [rule.roots[i] for i in order]  # the roots in the order searched
+        self.names = [ROOT.format(i) for i in order]  # each root's own name, whatever the order
         self.single_root = len(rule.roots) == 1
         self.results: list[Subst] = []

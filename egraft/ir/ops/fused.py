@@ -27,7 +27,6 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from scipy.special import erf, expit
 
 from egraft.ir.dims import BroadcastError, broadcast_shapes, dims_conflict
 from egraft.ir.dtypes import DType
@@ -72,11 +71,15 @@ def _gelu(x: np.ndarray, tanh: bool) -> np.ndarray:
     """x * Phi(x): the erf form, or 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     if tanh:
         return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x * x * x)))
+    from scipy.special import erf  # imported when first used: scipy.special takes 0.2 s
+
     return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
 def apply_activation(y: np.ndarray, activation: str, params: Sequence[float] | None = None) -> np.ndarray:
     """``activation`` applied to ``y`` (a float32/float64 array) as the ONNX op of that name does."""
+    from scipy.special import expit
+
     p = activation_params(activation, params)
     if activation == "":
         return y
