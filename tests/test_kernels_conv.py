@@ -247,6 +247,30 @@ def test_fused_conv_geometry_bias_and_residual(x_shape, w_shape, attrs, bias, z_
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("z_shape", [(6, 1, 1), (1, 6, 1, 1), (1, 1, 1), (1,)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_conv_constant_channel_residual_joins_the_bias(z_shape, bias):
+    # A batch normalization's shift fused as a residual of one value per channel: the products
+    # add it as their bias (one derived constant, bias + z), not as a broadcast residual.
+    x, w, b, z = randn(2, 4, 9, 11), randn(6, 4, 3, 3), randn(6), randn(*z_shape)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 1]}
+    graph = Graph("g", [], [], [], opsets={"": 18, DOMAIN: 1})
+    xv = Value("x", TensorType(DType.FLOAT32, x.shape))
+    operands = (xv, graph.add_constant(w, "w"), graph.add_constant(b, "b") if bias else None,
+                graph.add_constant(z, "z"))
+    node = Node("FusedConv", operands, (Value("y", TensorType(DType.FLOAT32, None)),),
+                {**attrs, "activation": "relu"}, domain=DOMAIN)
+    probe = Graph("g", [xv], [], [node], constants=graph.constants, opsets=graph.opsets)
+    y = Value("y", infer_node(probe, node, FreshDims())[0])
+    graph = Graph("g", [xv], [y], [node.replace(outputs=(y,))], constants=graph.constants, opsets=graph.opsets)
+    compiled = compile_graph(graph)
+    assert any(name.endswith(".bias_and_residual") for name in compiled._lowered.slots), "not folded into the bias"
+    got = compiled.run({"x": x})["y"]
+    feeds = {"x": x, "w": w, **({"b": b} if bias else {}), "z": z}
+    want = reference_conv(feeds, "b" if bias else None, "z", attrs, "relu")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 ACTIVATION_CASES = [(a, []) for a in ACTIVATIONS] + [
     ("leaky_relu", [0.2]), ("clip", [-0.5, 0.8]), ("clip", [-0.3]), ("hard_sigmoid", [0.3, 0.4])]
 
