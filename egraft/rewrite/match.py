@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from egraft.ir.registry import get_op
-from egraft.rewrite.ast import POp, PVar, Rule
+from egraft.rewrite.ast import EBinary, ECall, EVar, POp, PVar, Rule
 from egraft.rewrite.egraph import ABSENT, OUT, ENode, Snapshot
 
 Subst = dict[str, Any]
@@ -64,6 +64,8 @@ class Matcher:
         self.opset = opset
         self._parents: dict[int, set[int]] | None = None
         self._candidates: dict[tuple[str | None, int], list[int]] = {}
+        #: the variables the rule being matched requires constant (:func:`required_constants`)
+        self._constant_vars: frozenset[str] = frozenset()
 
     # ---- single patterns ----------------------------------------------------------------
     def match_class(self, pattern, c: int, subst: Subst) -> Iterator[Subst]:
@@ -76,6 +78,8 @@ class Matcher:
             if bound is None:
                 if self.snap.is_tuple(c) or self.snap.is_absent(c):
                     return
+                if pattern.name in self._constant_vars and c not in self.snap.const_class:
+                    return  # the guard's const() would refuse it
                 out = dict(subst)
                 out[pattern.name] = EClassId(c)
                 yield out
@@ -139,7 +143,10 @@ class Matcher:
                 return  # the same capture twice: the attribute sets must be equal
             base[pattern.attrs_rest] = rest
         if pattern.rest is not None:
-            base[pattern.rest] = list(map(EClassId, padded[len(args):]))  # padding stops at len(args)
+            rest = padded[len(args):]  # padding stops at len(args)
+            if pattern.rest in self._constant_vars and not all(c in self.snap.const_class for c in rest):
+                return  # the guard's const() would refuse it
+            base[pattern.rest] = list(map(EClassId, rest))
         yield from self._match_args(list(args), padded[:len(args)], base)
 
     def _match_args(self, patterns: list, classes: list, subst: Subst) -> Iterator[Subst]:
@@ -225,6 +232,14 @@ class Matcher:
         is searched first in turn, narrowed to it, the others joined to it; a match found twice
         (two roots inside) is kept once."""
         candidates = [self.candidates(root) for root in rule.roots]
+        self._constant_vars = required_constants(rule)
+        try:
+            return self._match_rule(rule, limit, within, candidates)
+        finally:
+            self._constant_vars = frozenset()
+
+    def _match_rule(self, rule: Rule, limit: int | None, within: Sequence[set[int] | None] | None,
+                    candidates: list[list[int]]) -> list[Subst]:
         if within is None:
             search = _Search(rule, limit, candidates, list(range(len(candidates))))
             self._extend(search, 0, {})
@@ -275,6 +290,33 @@ class Matcher:
                 if self._extend(search, i + 1, s):
                     return True
         return False
+
+
+_REQUIRED_CONSTANTS: dict[int, tuple[Rule, frozenset[str]]] = {}  # id(rule) -> (rule, names): rules hash deeply
+
+
+def required_constants(rule: Rule) -> frozenset[str]:
+    """The pattern variables that the rule's guard requires constant: the arguments of a
+    ``const(...)`` that the guard's top-level ``and`` chain asserts. Matching skips an e-class
+    that is not constant in the snapshot for them, instead of building the match for the guard
+    to refuse (``fold_constants``, ``*(xs...) where const(xs)``, matched every e-node).
+
+    Example: for ``Add(a, b) where const(b) and rank(a) == 2`` it is ``{"b"}``.
+    """
+    known = _REQUIRED_CONSTANTS.get(id(rule))
+    if known is not None and known[0] is rule:
+        return known[1]
+    names: set[str] = set()
+    pending = [rule.guard] if rule.guard is not None else []
+    while pending:
+        e = pending.pop()
+        if isinstance(e, EBinary) and e.op == "and":
+            pending += [e.left, e.right]
+        elif isinstance(e, ECall) and e.func == "const" and not e.kwargs:
+            names.update(a.name for a in e.args if isinstance(a, EVar))
+    found = frozenset(names)
+    _REQUIRED_CONSTANTS[id(rule)] = (rule, found)
+    return found
 
 
 def pattern_depth(pattern) -> int:
