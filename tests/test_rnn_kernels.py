@@ -186,7 +186,7 @@ def test_a_bidirectional_layer_splits_its_directions_over_threads(monkeypatch, c
     monkeypatch.setattr(module, "HIDDEN", 40)
     compiled = egraft.compile(build(case).SerializeToString(), use_cache=False)
     compiled.threads = threads
-    seq, batch = 24, 3
+    seq, batch = 96, 3
     assert max(compiled.parallel_work({"seq": seq, "batch": batch}).values()) >= MIN_PARALLEL_WORK
     feeds = feeds_for(case, seq, batch)
     got, want = compiled.run(feeds), onnxruntime_outputs(case, feeds)

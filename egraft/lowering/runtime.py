@@ -56,9 +56,14 @@ from egraft.lowering.schedule import ARENA, INPUTS, NativeSegment, RunSchedule, 
 _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                  ctypes.c_void_p)
 
-#: A parallel kernel is split only when one call does at least this many flops (handing a
-#: part to a native worker costs about a microsecond; a part must be worth more).
-MIN_PARALLEL_WORK = 1_000_000
+#: A parallel kernel is split only when one call does at least this many flops. Handing a
+#: part to a spinning worker costs about a microsecond, but a sleeping one costs a futex wake
+#: (an inter-processor interrupt on a VM), and the next kernel then reads half its input
+#: from the other core's cache: ppocr_mobile_v2_cls's 2.5 MFLOP convolutions took 17 us whole
+#: and 25 us in two parts, and the model 1.04-1.16x its 1-thread time at 2 threads with 1
+#: MFLOP here; with 4, 1.00 (ShuffleNet, SqueezeNet, DenseNet, Inception-v1 and PP-OCR's
+#: recognizer still 0.6-0.9x their 1-thread time).
+MIN_PARALLEL_WORK = 4_000_000
 #: ... or moves at least this many bytes, read and written (a layout change of 128k floats: at
 #: 2 threads each core streams half, from its own cache where the producer split too; the
 #: few-microsecond ops of a small OCR model stay whole, their parts cost more than they save).
