@@ -62,7 +62,8 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 #: from the other core's cache: ppocr_mobile_v2_cls's 2.5 MFLOP convolutions took 17 us whole
 #: and 25 us in two parts, and the model 1.04-1.16x its 1-thread time at 2 threads with 1
 #: MFLOP here; with 4, 1.00 (ShuffleNet, SqueezeNet, DenseNet, Inception-v1 and PP-OCR's
-#: recognizer still 0.6-0.9x their 1-thread time).
+#: recognizer still 0.6-0.9x their 1-thread time, ShuffleNet only since the workers spin
+#: through a run that splits kernels: :mod:`egraft.kernels.cpu.workers`).
 MIN_PARALLEL_WORK = 4_000_000
 #: ... or moves at least this many bytes, read and written (a layout change of 128k floats: at
 #: 2 threads each core streams half, from its own cache where the producer split too; the
