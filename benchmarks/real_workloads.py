@@ -177,7 +177,7 @@ def _print_compiles(rows: list[dict], title: str, console) -> None:
 
     stages = ("load", "optimize", "lower", "llvm")
     library = [r["library_s"] for r in rows if "library_s" in r]
-    table = Table(title=f"{title}: compile seconds (cold: a cache holding only the GEMM library)")
+    table = Table(title=f"{title}: compile seconds (cold: a cache holding only the GEMM library and the parsed rules)")
     if library:
         table.caption = (f"The GEMM library, compiled into each empty cache first (once per machine and egraft "
                          f"version): median {sorted(library)[len(library) // 2]:.1f} s. The cache entry is written "
