@@ -32,7 +32,7 @@ from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
 from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
-from egraft.rewrite.match import MATCHED, Matcher, pattern_depth
+from egraft.rewrite.match import MATCHED, Matcher, pattern_depth, required_constants
 
 #: A round's flush may run past the deadline by this share of the budget, no more.
 FLUSH_GRACE = 0.1
@@ -153,6 +153,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     # newly constant): every other match is one it already found (a multi-root rule's roots,
     # Inception's parallel convolutions, each matched the same as before and joined the same).
     depth = {r.name: tuple(pattern_depth(root) for root in r.roots) for r in rules if incremental}
+    constants = {r.name: required_constants(r) for r in rules}  # what matching may skip early
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
     changed_since: list[set[int]] = [set()]  # per snapshot: first handles of the e-classes it changed
     signatures = snapshot.signatures()
@@ -191,7 +192,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                                  for r in changed_since[k]}
                         regions[region_key] = matcher.region(seeds, levels)
                     within.append(regions[region_key])
-            substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within)
+            substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within, constants=constants[name])
             if len(substs) > threshold[name]:
                 ban_count[name] += 1
                 banned_until[name] = iteration + budget.ban_length * 2 ** (ban_count[name] - 1)

@@ -224,46 +224,36 @@ class Matcher:
                 return sorted(users.intersection(candidates))
         return candidates
 
-    def match_rule(self, rule: Rule, limit: int | None = None,
-                   within: Sequence[set[int] | None] | None = None) -> list[Subst]:
+    def match_rule(self, rule: Rule, limit: int | None = None, within: Sequence[set[int]] | None = None,
+                   constants: frozenset[str] | None = None) -> list[Subst]:
         """All substitutions for the rule's roots (at most ``limit``); with ``within`` (a set of
         e-classes per root), only those where some root ``i`` is in ``within[i]`` (incremental
-        matching: a match whose every root lies outside was found before). Each root with a set
-        is searched first in turn, narrowed to it, the others joined to it; a match found twice
-        (two roots inside) is kept once."""
+        matching: a match whose every root lies outside was found before). Semi-naive: search
+        ``i`` takes root ``i`` inside its set, the roots before it outside theirs, so no match is
+        found twice. ``constants``: :func:`required_constants` of the rule, when known."""
         candidates = [self.candidates(root) for root in rule.roots]
-        self._constant_vars = required_constants(rule)
+        self._constant_vars = required_constants(rule) if constants is None else constants
         try:
-            return self._match_rule(rule, limit, within, candidates)
+            if within is None:
+                return self._search(rule, limit, candidates, list(range(len(candidates))))
+            results: list[Subst] = []
+            for first in range(len(within)):
+                narrowed = [[c for c in candidates[i] if (c in within[i]) == (i == first)] if i <= first
+                            else candidates[i] for i in range(len(candidates))]
+                order = [first] + [i for i in range(len(candidates)) if i != first]
+                left = None if limit is None else limit - len(results)
+                results += self._search(rule, left, [narrowed[i] for i in order], order)
+                if limit is not None and len(results) >= limit:
+                    break
+            return results
         finally:
             self._constant_vars = frozenset()
 
-    def _match_rule(self, rule: Rule, limit: int | None, within: Sequence[set[int] | None] | None,
-                    candidates: list[list[int]]) -> list[Subst]:
-        if within is None:
-            search = _Search(rule, limit, candidates, list(range(len(candidates))))
-            self._extend(search, 0, {})
-            return search.results
-        results: list[Subst] = []
-        seen: set[tuple] = set()
-        for first, inside in enumerate(within):
-            if inside is None:
-                continue
-            narrowed = [c for c in candidates[first] if c in inside]
-            if not narrowed:
-                continue
-            order = [first] + [i for i in range(len(candidates)) if i != first]
-            left = None if limit is None else limit - len(results)
-            search = _Search(rule, left, [narrowed if i == first else candidates[i] for i in order], order)
-            self._extend(search, 0, {})
-            for subst in search.results:
-                key = repr(sorted(subst.items(), key=lambda kv: kv[0])) if len(order) > 1 else None
-                if key is None or key not in seen:
-                    seen.add(key)
-                    results.append(subst)
-            if limit is not None and len(results) >= limit:
-                break
-        return results
+    def _search(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int]) -> list[Subst]:
+        """The matches of the rule's roots taken in ``order`` among ``candidates`` (in that order)."""
+        search = _Search(rule, limit, candidates, order)
+        self._extend(search, 0, {})
+        return search.results
 
     def _extend(self, search: _Search, i: int, subst: Subst) -> bool:
         """Add the matches of roots ``i``... that extend ``subst``; True once the limit is reached.
@@ -292,9 +282,6 @@ class Matcher:
         return False
 
 
-_REQUIRED_CONSTANTS: dict[int, tuple[Rule, frozenset[str]]] = {}  # id(rule) -> (rule, names): rules hash deeply
-
-
 def required_constants(rule: Rule) -> frozenset[str]:
     """The pattern variables that the rule's guard requires constant: the arguments of a
     ``const(...)`` that the guard's top-level ``and`` chain asserts. Matching skips an e-class
@@ -303,9 +290,6 @@ def required_constants(rule: Rule) -> frozenset[str]:
 
     Example: for ``Add(a, b) where const(b) and rank(a) == 2`` it is ``{"b"}``.
     """
-    known = _REQUIRED_CONSTANTS.get(id(rule))
-    if known is not None and known[0] is rule:
-        return known[1]
     names: set[str] = set()
     pending = [rule.guard] if rule.guard is not None else []
     while pending:
@@ -314,9 +298,7 @@ def required_constants(rule: Rule) -> frozenset[str]:
             pending += [e.left, e.right]
         elif isinstance(e, ECall) and e.func == "const" and not e.kwargs:
             names.update(a.name for a in e.args if isinstance(a, EVar))
-    found = frozenset(names)
-    _REQUIRED_CONSTANTS[id(rule)] = (rule, found)
-    return found
+    return frozenset(names)
 
 
 def pattern_depth(pattern) -> int:
