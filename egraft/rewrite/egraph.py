@@ -1,74 +1,73 @@
 """The e-graph: an IR graph loaded into egglog, and snapshots of it for matching.
 
 Encoding (see ../shared/EGGLOG_NOTES.md for why): one egglog sort ``T`` for tensor
-e-classes with two constructors, ``T.op(name, attrs_key, args)`` for every op (args a
-cons list) and an unextractable handle ``T.ref(i)``. Every e-class holds at least one
-handle; new terms name existing e-classes through their handles, and each IR node is
-loaded as ``union(T.ref(i), T.op(...))`` in small batches.
+e-classes with two constructors, ``Op(name, attrs, args)`` for every op (args a cons list)
+and a handle ``Ref(i)``. Every e-class holds at least one handle; new terms name existing
+e-classes through their handles, and each IR node is loaded as ``union(Ref(i), Op(...))``.
+Op names and attribute keys go in as interned integers: egglog only compares them, and the
+text of every term stays in the Python term log (``EGraphState.term_log``).
 
-Weights stay out: a constant is ``T.op("Const", <content hash>, [])`` and its array lives
-in the side table. A graph input is ``T.op("Input", <name>, [])``. A node with several
-outputs is a tuple e-class ``T.op(op, attrs, args)`` whose outputs are
-``T.op("Out", "<i>", [tuple])``.
+Weights stay out: a constant is ``Op("Const", <content hash>, [])`` and its array lives
+in the side table. A graph input is ``Op("Input", <name>, [])``. A node with several
+outputs is a tuple e-class ``Op(op, attrs, args)`` whose outputs are ``Op("Out", "<i>", [tuple])``.
 
 Every handle has a known type (a TensorType, or a tuple of them for a tuple e-class),
 set from the IR up front or inferred by the op registry for the terms rules create.
 
-Commands go to egglog as program text: building them through the Python expression API
-cost 2.4 s for DenseNet-121's 1,746 nodes, the text 0.2 s. egglog runs each top-level
-command as a rule of its own (~130 us each), so a batch of commands is sent as the actions
-of one rule with no premises, in a ruleset of its own, run once: inception_v2's 13,127
-commands took 1.7 s one by one, 0.85 s as rules of 16 actions. A rule's cost grows
-quadratically with its actions (200 per rule took 6.5 s), hence the small batches.
+Commands reach egglog as rows, not as program text: three request relations (a list cell,
+a term, a union) are filled from tab-separated files by egglog's ``input`` command, and one
+ruleset declared up front turns each new row into its union (``load``, run once per flush).
+Every earlier way compiled a rule per batch: each top-level command is a rule of its own
+(0.4-1.5 ms), and a rule of 16 actions took 1.2 ms to declare, so commands cost
+80-160 us each (DenseNet-121's rounds spent 2 s in it); as rows they cost about 9 us.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 import time
-from collections import defaultdict
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from egglog import EGraph as EgglogGraph
-from egglog import Expr, StringLike, i64Like, union
 
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.types import TensorType
+from egraft.rewrite.snapshot import ABSENT, CONST, INPUT, LEAF_OPS, OUT, ClassTracker, ENode, Snapshot
 
-
-class TList(Expr):
-    """A cons list of tensor e-classes (an op's inputs)."""
-
-    def __init__(self) -> None: ...
-
-    def cons(self, head: T) -> TList: ...
-
-
-class T(Expr):
-    """A tensor e-class."""
-
-    @classmethod
-    def ref(cls, i: i64Like) -> T: ...
-
-    @classmethod
-    def op(cls, name: StringLike, attrs: StringLike, args: TList) -> T: ...
-
-
-#: Placeholder inputs (omitted optional inputs) are this op with no args.
-ABSENT = "Absent"
-CONST = "Const"
-INPUT = "Input"
-OUT = "Out"
-LEAF_OPS = (ABSENT, CONST, INPUT)
-BATCH = 16
-#: egglog's names for the constructors above (declared by :func:`_declare`).
-_REF = "egraft_rewrite_egraph_T_ref"
-_OP = "egraft_rewrite_egraph_T_op"
-_CONS = "egraft_rewrite_egraph_TList_cons"
-_NIL = "(egraft_rewrite_egraph_TList___init__)"
-_DECLARE = "#declare"
+#: egglog's name for the handle constructor (its rows are what a snapshot reads).
+_REF = "egraft_Ref"
+#: The schema: sorts, constructors, request relations and the ruleset that applies them.
+#: ``Cell(c)`` names list cell ``c`` (0 is the empty list) so that a request can name a list.
+_SCHEMA = """
+(sort egraft_T)
+(sort egraft_TList)
+(constructor egraft_Ref (i64) egraft_T)
+(constructor egraft_Op (i64 i64 egraft_TList) egraft_T)
+(constructor egraft_Nil () egraft_TList)
+(constructor egraft_Cons (egraft_TList egraft_T) egraft_TList)
+(constructor egraft_Cell (i64) egraft_TList)
+(relation egraft_NewCell (i64 i64 i64))
+(relation egraft_NewTerm (i64 i64 i64 i64))
+(relation egraft_NewUnion (i64 i64))
+(ruleset egraft_load)
+(rule ((egraft_NewCell c tail head))
+      ((union (egraft_Cell c) (egraft_Cons (egraft_Cell tail) (egraft_Ref head)))) :ruleset egraft_load)
+(rule ((egraft_NewTerm r name key cell))
+      ((union (egraft_Ref r) (egraft_Op name key (egraft_Cell cell)))) :ruleset egraft_load)
+(rule ((egraft_NewUnion a b)) ((union (egraft_Ref a) (egraft_Ref b))) :ruleset egraft_load)
+(union (egraft_Cell 0) (egraft_Nil))
+"""
+#: The request relations, by the tag of a queued command: ``("c", cell, tail, head)``,
+#: ``("t", ref, name id, key id, cell)``, ``("u", a, b)``.
+_RELATIONS = {"c": "egraft_NewCell", "t": "egraft_NewTerm", "u": "egraft_NewUnion"}
+#: Commands sent per ``input``-and-run (a flush past its deadline stops between chunks).
+CHUNK = 4096
 
 
 def _string(text: str) -> str:
@@ -111,16 +110,6 @@ class Application:
 SOURCE = -1
 
 
-@dataclass(frozen=True)
-class ENode:
-    """One e-node of a snapshot: op name and domain, attribute key, child e-classes."""
-
-    op: str
-    domain: str
-    attrs: str
-    children: tuple[int, ...]
-
-
 class EGraphState:
     """An egglog e-graph plus the Python side tables that give every e-class its type.
 
@@ -131,8 +120,8 @@ class EGraphState:
 
     def __init__(self, graph: Graph):
         self.egraph = EgglogGraph()
-        # Declares the constructors, so that text commands can name them.
-        self.egraph.register(union(T.ref(-1)).with_(T.op(_DECLARE, "", TList().cons(T.ref(-1)))))
+        raw = self.egraph._egraph
+        raw.run_program(*raw.parse_program(_SCHEMA))
         self.source = graph
         self.constants = graph.constants
         self.opsets = dict(graph.opsets)
@@ -147,7 +136,11 @@ class EGraphState:
         self.applications: list[Application] = []
         self._application = SOURCE
         self.pending: list = []
-        self._batches = 0  # rulesets made by flush()
+        self._interned: dict[str, int] = {}  # op names and attribute keys -> the ids egglog sees
+        self._cells = 0  # list cells made (cell 0 is the empty list)
+        self._files: str | None = None  # a private folder for the request files
+        self._tracker = ClassTracker()  # the e-classes as of the last snapshot
+        self._handle_ints: dict[Any, int] = {}
         self.output_refs: list[int] = []
         self.input_refs: dict[str, int] = {}
         self.absent_ref: int | None = None
@@ -162,18 +155,27 @@ class EGraphState:
         if inner is not None and hasattr(inner, "egraph"):
             inner.egraph = None  # the wrapper's only reference to the native e-graph (egglog pinned)
         self.egraph = None
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
 
     # ---- building ------------------------------------------------------------------
     def new_ref(self, ttype) -> int:
         self.ref_types.append(ttype)
         return len(self.ref_types) - 1
 
-    @staticmethod
-    def _list(refs: list[int]) -> str:
-        text = _NIL
-        for r in reversed(refs):  # the first argument is the outermost cell
-            text = f"({_CONS} {text} ({_REF} {r}))"
-        return text
+    def _intern(self, text: str) -> int:
+        i = self._interned.get(text)
+        if i is None:
+            i = self._interned[text] = len(self._interned)
+        return i
+
+    def _queue_term(self, ref: int, name: str, key: str, args) -> None:
+        cell = 0
+        for a in reversed(args):  # the first argument is the outermost cell
+            self._cells += 1
+            self.pending.append(("c", self._cells, cell, a))
+            cell = self._cells
+        self.pending.append(("t", ref, self._intern(name), self._intern(key), cell))
 
     def add_term(self, op: str, domain: str, attrs: dict, args: list[int], ttype) -> int:
         """Queue ``op(args) {attrs}`` with a new handle of type ``ttype``; return the handle."""
@@ -181,13 +183,13 @@ class EGraphState:
         self.ref_node_attrs.setdefault(key, dict(attrs))
         ref = self.new_ref(ttype)
         name = f"{domain}::{op}" if domain else op
-        self.pending.append(f"(union ({_REF} {ref}) ({_OP} {_string(name)} {_string(key)} {self._list(args)}))")
+        self._queue_term(ref, name, key, args)
         self.term_log.append((ref, name, key, tuple(args), self._application))
         return ref
 
     def add_leaf(self, op: str, key: str, ttype) -> int:
         ref = self.new_ref(ttype)
-        self.pending.append(f"(union ({_REF} {ref}) ({_OP} {_string(op)} {_string(key)} {_NIL}))")
+        self._queue_term(ref, op, key, ())
         self.term_log.append((ref, op, key, (), self._application))
         return ref
 
@@ -221,23 +223,33 @@ class EGraphState:
         return ref
 
     def union_refs(self, a: int, b: int) -> None:
-        self.pending.append(f"(union ({_REF} {a}) ({_REF} {b}))")
+        self.pending.append(("u", a, b))
 
     def flush(self, deadline: float | None = None) -> bool:
-        """Send the queued commands to egglog, each batch as one rule run once (module docstring).
-        Past ``deadline`` (``time.perf_counter()``) the rest is dropped: True then. Each command
-        is whole (a term names only handles made before it), so a cut leaves at worst the terms
-        of one rewrite without their union: e-classes nothing reads."""
+        """Send the queued commands to egglog as rows of its request relations, then apply them
+        (module docstring). Past ``deadline`` (``time.perf_counter()``) the rest is dropped:
+        True then. Commands go in order and a term names only handles and cells made before
+        it, so a cut leaves at worst list cells or terms that nothing reads."""
         raw = self.egraph._egraph
-        for start in range(0, len(self.pending), BATCH):
+        if self._files is None:
+            self._files = tempfile.mkdtemp(prefix="egraft-egraph-")
+            weakref.finalize(self, shutil.rmtree, self._files, True)
+        for start in range(0, len(self.pending), CHUNK):
             if deadline is not None and time.perf_counter() > deadline:
                 self.pending.clear()
                 return True
-            name = f"flush{self._batches}"
-            self._batches += 1
-            actions = " ".join(self.pending[start:start + BATCH])
-            raw.run_program(*raw.parse_program(f"(ruleset {name})\n(rule () ({actions}) :ruleset {name})\n"
-                                               f"(run {name} 1)"))
+            rows: dict[str, list[str]] = {tag: [] for tag in _RELATIONS}
+            for command in self.pending[start:start + CHUNK]:
+                rows[command[0]].append("\t".join(map(str, command[1:])))
+            program = []
+            for tag, lines in rows.items():
+                if lines:
+                    path = os.path.join(self._files, _RELATIONS[tag] + ".tsv")
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write("\n".join(lines) + "\n")
+                    program.append(f"(input {_RELATIONS[tag]} {_string(path)})")
+            program.append("(run egraft_load 1)")
+            raw.run_program(*raw.parse_program("\n".join(program)))
         self.pending.clear()
         return False
 
@@ -288,131 +300,23 @@ class EGraphState:
 
     # ---- reading ---------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The current e-graph as plain Python data (e-classes numbered 0..n-1).
-
-        Read from egglog's frozen tables (``freeze()``: the rows of each constructor, in
-        table order, e-classes as canonical ids) rather than its JSON serialization, which
-        cost ten times as much (7.5 s of t5_encoder_int8's 31 s of saturation). The rows
-        come in the order the serialization lists them, so the numbering is the same: an
-        e-class is numbered when first met, handles first, then each ``T.op`` row's
-        children before its own class."""
+        """The current e-graph as plain Python data: egglog's partition of the handles, read
+        from its frozen handle table, with the e-classes rebuilt where it changed since the
+        last snapshot (``egraft/rewrite/snapshot.py``)."""
         raw = self.egraph._egraph
-        functions = raw.freeze().functions
-        class_ids: dict[Any, int] = {}  # egglog value of a T e-class -> its number
-
-        def cid(value) -> int:
-            c = class_ids.get(value)
-            if c is None:
-                c = class_ids[value] = len(class_ids)
-            return c
-
-        ref_class: dict[int, int] = {}
-        for row in functions[_REF].rows:
-            ref = raw.value_to_i64(row.inputs[0])
+        ints = self._handle_ints  # egglog i64 value -> int: the same values come back each round
+        rows = []
+        for row in raw.freeze().functions[_REF].rows:
+            value = row.inputs[0]
+            ref = ints.get(value)
+            if ref is None:
+                ref = ints[value] = raw.value_to_i64(value)
             if ref >= 0:
-                ref_class[ref] = cid(row.output)
-        lists = _ListReader(functions[_CONS].rows)
-        texts: dict[Any, str] = {}  # egglog string value -> text: op names and attribute keys repeat
-
-        def text(value) -> str:
-            t = texts.get(value)
-            if t is None:
-                t = texts[value] = raw.value_to_string(value)
-            return t
-
-        classes: dict[int, list[ENode]] = defaultdict(list)
-        for row in functions[_OP].rows:
-            name_value, attrs_value, list_value = row.inputs
-            name = text(name_value)
-            if name == _DECLARE:
-                continue
-            key = text(attrs_value)
-            children = tuple(cid(c) for c in lists.items(list_value))
-            domain, _, op_name = name.rpartition("::")
-            classes[cid(row.output)].append(ENode(op_name, domain, key, children))
-        return Snapshot(self, dict(classes), ref_class)
-
-
-class _ListReader:
-    """The items of egglog ``TList`` values, from the rows of the ``cons`` constructor
-    (one row per list: a cons cell is a function of its tail and head)."""
-
-    def __init__(self, cons_rows):
-        self.cells = {row.output: row.inputs for row in cons_rows}  # list -> (tail, head)
-        self.memo: dict[Any, list] = {}
-
-    def items(self, value) -> list:
-        """The T e-class values of the list ``value``, first argument first."""
-        out = self.memo.get(value)
-        if out is None:
-            out = self.memo[value] = []
-            cell = self.cells.get(value)
-            while cell is not None:
-                tail, head = cell
-                out.append(head)
-                cell = self.cells.get(tail)
-        return out
-
-
-class Snapshot:
-    """A frozen view of the e-graph: e-classes, their e-nodes, types and handles."""
-
-    def __init__(self, state: EGraphState, classes: dict[int, list[ENode]], ref_class: dict[int, int]):
-        self.state = state
-        self.classes = classes
-        self.ref_class = ref_class
-        self.class_ref: dict[int, int] = {}
-        for ref, c in sorted(ref_class.items()):
-            self.class_ref.setdefault(c, ref)
-        self.by_op: dict[str, list[tuple[int, ENode]]] = defaultdict(list)
-        for c, enodes in classes.items():
-            for n in enodes:
-                self.by_op[n.op].append((c, n))
-        self.const_class: dict[int, str] = {c: n.attrs for c, n in self.by_op.get(CONST, ())}
-        #: The e-classes of omitted optional inputs (matching and costing ask for every input).
-        self.absent: set[int] = {c for c, _ in self.by_op.get(ABSENT, ())}
-        #: The e-classes of multi-output nodes (matching asks for every e-class it visits).
-        self.tuples: set[int] = {c for c, ref in self.class_ref.items() if isinstance(state.ref_types[ref], tuple)}
-        #: The e-classes holding an output projection ``Out`` (of a multi-output node).
-        self.projected: set[int] = {c for c, _ in self.by_op.get(OUT, ())}
-        self.known: dict[int, np.ndarray] = {}
-        for ref, value in state.known_values.items():
-            if ref in ref_class:
-                self.known.setdefault(ref_class[ref], value)
-
-    @property
-    def num_nodes(self) -> int:
-        return sum(len(v) for v in self.classes.values())
-
-    def type_of(self, c: int):
-        return self.state.ref_types[self.class_ref[c]]
-
-    def signatures(self) -> dict[int, tuple]:
-        """Each e-class's identity across snapshots, keyed by its first handle: how many handles
-        it holds and its e-nodes with children named by their first handles. An e-class whose
-        signature is in the previous snapshot's table is unchanged (no merge, no new e-node),
-        which is what incremental matching asks (``egraft/rewrite/engine.py``)."""
-        sizes: dict[int, int] = defaultdict(int)
-        for c in self.ref_class.values():
-            sizes[c] += 1
-        ref = self.class_ref
-        return {ref[c]: (sizes[c], frozenset((n.op, n.domain, n.attrs, tuple(ref[ch] for ch in n.children))
-                                             for n in nodes))
-                for c, nodes in self.classes.items()}
-
-    def attrs(self, n: ENode) -> dict:
-        return self.state.ref_node_attrs.get(n.attrs, {}) if n.op not in LEAF_OPS else {}
-
-    def constant(self, c: int) -> np.ndarray | None:
-        key = self.const_class.get(c)
-        return None if key is None else self.state.constants[key]
-
-    def is_tuple(self, c: int) -> bool:
-        return c in self.tuples
-
-    def is_absent(self, c: int) -> bool:
-        """True when e-class ``c`` stands for an omitted optional input."""
-        return c in self.absent
+                rows.append((ref, row.output))
+        tracker = self._tracker
+        tracker.add_terms(self.term_log)
+        changed = tracker.update(rows)
+        return Snapshot(self, dict(tracker.classes), tracker.ref_class, changed)
 
 
 def value_name(ref: int) -> str:
@@ -425,4 +329,4 @@ def ir_value(snapshot: Snapshot, c: int) -> Value:
     return Value(value_name(ref), snapshot.type_of(c), const=snapshot.const_class.get(c))
 
 
-__all__ = ["EGraphState", "Snapshot", "ENode", "Node"]
+__all__ = ["ABSENT", "CONST", "INPUT", "LEAF_OPS", "OUT", "EGraphState", "ENode", "Node", "Snapshot"]

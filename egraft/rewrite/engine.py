@@ -156,7 +156,6 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     constants = {r.name: required_constants(r) for r in rules}  # what matching may skip early
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
     changed_since: list[set[int]] = [set()]  # per snapshot: first handles of the e-classes it changed
-    signatures = snapshot.signatures()
     nodes_before = snapshot.num_nodes
     stop = "iteration limit"
     iteration = 0
@@ -248,8 +247,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         now_const = {snapshot.class_ref[c] for c in snapshot.const_class}
         newly_const = now_const - const_refs
         const_refs = now_const
-        previous, signatures = signatures, snapshot.signatures()
-        changed_since.append({r for r, sig in signatures.items() if previous.get(r) != sig} | newly_const)
+        changed_since.append(snapshot.changed | newly_const)
         if progress is not None:
             progress(iteration, snapshot.num_nodes)
         if snapshot.num_nodes > budget.max_nodes:
