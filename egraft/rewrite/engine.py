@@ -32,7 +32,7 @@ from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
 from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
-from egraft.rewrite.match import MATCHED, Matcher, pattern_depth, required_constants
+from egraft.rewrite.match import MATCHED, EClassId, Matcher, pattern_depth, required_constants
 
 #: A round's flush may run past the deadline by this share of the budget, no more.
 FLUSH_GRACE = 0.1
@@ -98,16 +98,18 @@ class SaturationReport:
         return sorted(active, key=lambda kv: (-kv[1].applied, kv[0]))[:n]
 
 
-def _match_key(rule: Rule, subst: dict, snapshot) -> tuple:
+def _match_key(rule: Rule, subst: dict) -> tuple:
+    """What identifies a match across rounds: the rule and its bindings, e-classes by name
+    (an e-class keeps its name, its smallest handle, until it merges into another)."""
     items = []
     for k in sorted(subst):
         if k == MATCHED:
             continue  # e-nodes of this snapshot: the bindings identify the match
         v = subst[k]
-        if isinstance(v, int) and type(v) is not int and type(v) is not bool:  # EClassId
-            v = ("c", snapshot.class_ref[v])
+        if type(v) is EClassId:
+            v = ("c", int(v))
         elif isinstance(v, list):
-            v = tuple(("c", snapshot.class_ref[c]) if type(c) is not int else c for c in v)
+            v = tuple(("c", int(c)) if type(c) is EClassId else c for c in v)
         elif isinstance(v, dict):
             v = repr(sorted(v.items(), key=lambda kv: kv[0]))
         else:
@@ -117,7 +119,7 @@ def _match_key(rule: Rule, subst: dict, snapshot) -> tuple:
 
 
 def _touches(key: tuple, refs: set[int]) -> bool:
-    """True when the match ``key`` binds an e-class whose handle is in ``refs``."""
+    """True when the match ``key`` binds an e-class whose name is in ``refs``."""
     for _, value in key[1]:
         if isinstance(value, tuple) and value and value[0] == "c":
             if value[1] in refs:
@@ -204,10 +206,10 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
             if name in depth:
                 matched_at[name] = current
             for subst in substs:
-                key = _match_key(rule, subst, snapshot)
+                key = _match_key(rule, subst)
                 if key in applied:
                     continue
-                if key in refused and not _touches(key, newly_const):
+                if key in refused and not (newly_const and _touches(key, newly_const)):
                     continue
                 if not evaluator.guard(rule, subst):
                     stats[name].guard_refused += 1
