@@ -9,7 +9,9 @@ entry is written in the background after compile returns, and waited for before 
 else is timed), the check of its outputs against onnxruntime (the corpus
 entry's tolerance, default 1e-3; bundled models on re-weighted weights), then per thread
 count the median latency of egraft and of onnxruntime (every optimization, that many
-intra-op threads) timed in alternating blocks, their ratio, and egraft's *overhead share*:
+intra-op threads) timed in alternating blocks, their ratio (the median over rounds of the
+ratio of the two blocks of a round: the host's drift cancels within a round), and egraft's
+*overhead share*:
 (latency - time inside kernels) / latency, the kernel time read from a profiled run (the
 time-stamp counter around each kernel inside the native call). What Python runs between
 native calls (reference kernels, control steps) counts as overhead. Whether more threads
@@ -66,7 +68,7 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
     from egraft.rewrite.load import load_rules
     from egraft.testing.bench import ort_session, temporary_cache
     from egraft.testing.corpus.compare import compare_outputs
-    from egraft.testing.timing import against_onnxruntime, thread_counts_ms
+    from egraft.testing.timing import against_onnxruntime, thread_counts
 
     cache = temporary_cache()
     model, feeds, tolerance = _model_and_feeds(name)
@@ -96,7 +98,9 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
         compiled.threads = count
         row["runs"][str(count)] = against_onnxruntime(compiled, ort_session(proto, threads=count), feeds, budget)
     if len(threads) > 1:  # egraft against itself: does a thread count pay, measured without drift between
-        row["threads_ms"] = {str(c): ms for c, ms in thread_counts_ms(compiled, feeds, threads, budget).items()}
+        own = thread_counts(compiled, feeds, sorted(threads), budget)
+        row["threads_ms"] = {str(c): v["ms"] for c, v in own.items()}
+        row["threads_ratio"] = {str(c): v["ratio"] for c, v in own.items()}
     shutil.rmtree(cache / "compiled", ignore_errors=True)  # the model forgotten, its kernels' objects kept
     start = time.perf_counter()
     egraft.compile(model)
@@ -132,7 +136,7 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
         chosen = [r for r in rows if r["model"] in names]
         for count in threads:
             table = Table(title=f"{title}, {count} thread{'s' if count > 1 else ''}: egraft vs onnxruntime "
-                                f"(medians of alternating blocks)")
+                                f"(medians of alternating blocks; ratios paired per round)")
             against_one = count != min(threads)  # egraft at this count against itself at the fewest
             columns = ["model", "egraft ms", "onnxruntime ms", "egraft / ort", "overhead share", "cold compile s",
                        "error (tolerance)"]
@@ -146,15 +150,15 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                     table.add_row(r["model"], "failed", "", "", "", "", escape(r["failure"][:80]))
                     continue
                 run = r["runs"][str(count)]
-                ratio = run["egraft_ms"] / run["ort_ms"]
+                ratio = run.get("ratio", run["egraft_ms"] / run["ort_ms"])
                 ratios.append(ratio)
                 ok = "" if r["error"] <= r["tolerance"] else " FAIL"
                 cells = [r["model"], f"{run['egraft_ms']:.3g}", f"{run['ort_ms']:.3g}", f"{ratio:.2f}",
                          f"{run['overhead']:.1%}", f"{r['compile_s']:.1f}",
                          f"{r['error']:.1e} ({r['tolerance']:.0e}){ok}"]
                 if against_one:
-                    own = r.get("threads_ms", {})
-                    gain = own[str(count)] / own[str(min(threads))] if own else float("nan")
+                    own = r.get("threads_ratio", {})
+                    gain = own.get(str(count), float("nan"))
                     slower += gain > 1.0
                     cells.insert(4, f"{gain:.2f}")
                 table.add_row(*cells)

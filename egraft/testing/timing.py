@@ -45,12 +45,12 @@ def interleaved_medians_ms(fns: dict[str, Callable[[], object]], repeat: int, wa
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
-def alternating_blocks_ms(fns: dict[str, Callable[[], object]], budget_s: float = 2.0, rounds: int = 5,
-                          max_block: int = 50, gap_s: float = 0.05) -> dict[str, float]:
-    """Milliseconds each of ``fns`` takes, timed in alternating blocks: ``k`` calls of the
-    first, then ``k`` of the next, ..., for ``rounds`` rounds; the median of every timed call
-    per name. ``k`` is chosen from one untimed warm call of each so that the whole takes
-    about ``budget_s`` (at least 1, at most ``max_block``).
+def alternating_blocks(fns: dict[str, Callable[[], object]], budget_s: float = 2.0, rounds: int = 9,
+                       max_block: int = 50, gap_s: float = 0.05) -> dict[str, list[list[float]]]:
+    """Seconds of every timed call of each of ``fns``, per round, timed in alternating blocks:
+    ``k`` calls of the first, then ``k`` of the next, ..., for ``rounds`` rounds. ``k`` is
+    chosen from one untimed warm call of each so that the whole takes about ``budget_s`` (at
+    least 1, at most ``max_block``).
 
     Blocks rather than single calls in turn, with ``gap_s`` of idle time before each block:
     onnxruntime's pool threads spin for tens of milliseconds after a run and steal a core
@@ -59,8 +59,9 @@ def alternating_blocks_ms(fns: dict[str, Callable[[], object]], budget_s: float 
     Each engine then starts its block with its own threads asleep, as after any pause.
 
     Example:
-        >>> sorted(alternating_blocks_ms({"a": lambda: None, "b": lambda: None}, budget_s=0.01))
-        ['a', 'b']
+        >>> times = alternating_blocks({"a": lambda: None, "b": lambda: None}, budget_s=0.01, rounds=3)
+        >>> sorted(times), len(times["a"])
+        (['a', 'b'], 3)
     """
     first = {}
     for name, fn in fns.items():
@@ -70,50 +71,86 @@ def alternating_blocks_ms(fns: dict[str, Callable[[], object]], budget_s: float 
         first[name] = time.perf_counter() - start
     per_round = max(sum(first.values()), 1e-6)
     block = max(1, min(max_block, int(budget_s / rounds / per_round)))
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[list[float]]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(gap_s)
+            calls = []
             for _ in range(block):
                 start = time.perf_counter()
                 fn()
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+                calls.append(time.perf_counter() - start)
+            times[name].append(calls)
+    return times
+
+
+def medians_ms(times: dict[str, list[list[float]]]) -> dict[str, float]:
+    """The median milliseconds of every timed call per name (all rounds together)."""
+    return {name: statistics.median(t for block in blocks for t in block) * 1e3 for name, blocks in times.items()}
+
+
+def paired_ratio(times: dict[str, list[list[float]]], a: str, b: str) -> float:
+    """``a``'s time over ``b``'s, as the median over rounds of the ratio of their block medians
+    in that round: a round's two blocks run within a fraction of a second of each other, so
+    the host's drift (its speed moved by 2x over minutes on a shared 2-core machine) cancels in
+    each ratio, where the ratio of the overall medians mixes slow and fast spells unevenly.
+
+    Example:
+        >>> paired_ratio({"a": [[2.0], [4.0], [2.2]], "b": [[1.0], [2.0], [1.0]]}, "a", "b")
+        2.0
+    """
+    return statistics.median(statistics.median(x) / statistics.median(y) for x, y in zip(times[a], times[b],
+                                                                                          strict=True))
+
+
+def alternating_blocks_ms(fns: dict[str, Callable[[], object]], budget_s: float = 2.0, rounds: int = 9,
+                          max_block: int = 50, gap_s: float = 0.05) -> dict[str, float]:
+    """Milliseconds each of ``fns`` takes: the median of every call timed by
+    :func:`alternating_blocks`.
+
+    Example:
+        >>> sorted(alternating_blocks_ms({"a": lambda: None, "b": lambda: None}, budget_s=0.01))
+        ['a', 'b']
+    """
+    return medians_ms(alternating_blocks(fns, budget_s, rounds, max_block, gap_s))
 
 
 def against_onnxruntime(compiled, session, feeds: dict, budget_s: float = 2.0) -> dict[str, float]:
     """egraft's and onnxruntime's median milliseconds on ``feeds`` (alternating blocks, see
-    :func:`alternating_blocks_ms`) and egraft's overhead share: (latency - time inside
-    kernels) / latency, the kernel time (control-step bodies included) the median over
-    profiled runs, clamped at 0.
+    :func:`alternating_blocks`), egraft's time over onnxruntime's (:func:`paired_ratio`) and
+    egraft's overhead share: (latency - time inside kernels) / latency, the kernel time
+    (control-step bodies included) the median over profiled runs, clamped at 0.
 
     Example:
         >>> against_onnxruntime(compiled, session, feeds)     # doctest: +SKIP
-        {'egraft_ms': 1.3, 'ort_ms': 1.2, 'kernels_ms': 1.25, 'overhead': 0.04}
+        {'egraft_ms': 1.3, 'ort_ms': 1.2, 'ratio': 1.07, 'kernels_ms': 1.25, 'overhead': 0.04}
     """
     import numpy as np
 
-    times = alternating_blocks_ms({"egraft": lambda: compiled.run(feeds),
-                                   "onnxruntime": lambda: session.run(None, feeds)}, budget_s=budget_s)
+    blocks = alternating_blocks({"egraft": lambda: compiled.run(feeds),
+                                 "onnxruntime": lambda: session.run(None, feeds)}, budget_s=budget_s)
+    times = medians_ms(blocks)
     inside = []
     for _ in range(max(3, min(50, int(0.3 / max(times["egraft"] / 1e3, 1e-6))))):
         profile: list = []
         compiled.run(feeds, profile=profile)
         inside.append(sum(t.end_ns - t.start_ns for t in profile if t.kind == "kernel") / 1e6)
     kernels_ms = float(np.median(inside))
-    return dict(egraft_ms=times["egraft"], ort_ms=times["onnxruntime"], kernels_ms=kernels_ms,
+    return dict(egraft_ms=times["egraft"], ort_ms=times["onnxruntime"],
+                ratio=paired_ratio(blocks, "egraft", "onnxruntime"), kernels_ms=kernels_ms,
                 overhead=max(0.0, (times["egraft"] - kernels_ms) / times["egraft"]))
 
 
-def thread_counts_ms(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0) -> dict[int, float]:
-    """egraft's median milliseconds on ``feeds`` at each of ``counts`` threads, timed against
-    itself in alternating blocks (:func:`alternating_blocks_ms`): whether threads pay is then
+def thread_counts(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0) -> dict[int, dict[str, float]]:
+    """egraft at each of ``counts`` threads on ``feeds``, timed against itself in alternating
+    blocks (:func:`alternating_blocks`): per count its median milliseconds (``ms``) and its
+    time over the first count's (``ratio``, :func:`paired_ratio`). Whether threads pay is then
     not hidden by the machine's drift between two separate measurements. Leaves
     ``compiled.threads`` as it found it.
 
     Example:
-        >>> thread_counts_ms(compiled, feeds, [1, 2])     # doctest: +SKIP
-        {1: 0.48, 2: 0.31}
+        >>> thread_counts(compiled, feeds, [1, 2])     # doctest: +SKIP
+        {1: {'ms': 0.48, 'ratio': 1.0}, 2: {'ms': 0.31, 'ratio': 0.65}}
     """
     before = compiled.threads
 
@@ -124,7 +161,18 @@ def thread_counts_ms(compiled, feeds: dict, counts: list[int], budget_s: float =
         return call
 
     try:
-        times = alternating_blocks_ms({str(c): at(c) for c in counts}, budget_s=budget_s)
+        blocks = alternating_blocks({str(c): at(c) for c in counts}, budget_s=budget_s)
     finally:
         compiled.threads = before
-    return {c: times[str(c)] for c in counts}
+    ms = medians_ms(blocks)
+    return {c: dict(ms=ms[str(c)], ratio=paired_ratio(blocks, str(c), str(counts[0]))) for c in counts}
+
+
+def thread_counts_ms(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0) -> dict[int, float]:
+    """egraft's median milliseconds at each of ``counts`` threads (:func:`thread_counts`).
+
+    Example:
+        >>> thread_counts_ms(compiled, feeds, [1, 2])     # doctest: +SKIP
+        {1: 0.48, 2: 0.31}
+    """
+    return {c: v["ms"] for c, v in thread_counts(compiled, feeds, counts, budget_s).items()}
