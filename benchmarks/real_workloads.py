@@ -101,12 +101,31 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
         own = thread_counts(compiled, feeds, sorted(threads), budget)
         row["threads_ms"] = {str(c): v["ms"] for c, v in own.items()}
         row["threads_ratio"] = {str(c): v["ratio"] for c, v in own.items()}
+        row["split_kernels"] = _split_kernels(compiled, feeds)
     shutil.rmtree(cache / "compiled", ignore_errors=True)  # the model forgotten, its kernels' objects kept
     start = time.perf_counter()
     egraft.compile(model)
     row["kernels_cached_s"] = time.perf_counter() - start
     wait_for_writes()
     return row
+
+
+def _split_kernels(compiled, feeds: dict) -> int | None:
+    """How many kernels a run on ``feeds`` splits over threads (their work reaches
+    ``MIN_PARALLEL_WORK``): with none, egraft runs the same native code at any thread count.
+    ``None`` when the compiled model does not say (a model specialized per input shape)."""
+    from egraft.errors import EgraftError
+    from egraft.ir.assume import check_assumptions
+    from egraft.ir.interpreter import check_feeds
+    from egraft.lowering.runtime import MIN_PARALLEL_WORK
+
+    try:
+        _, bindings = check_feeds(compiled.graph, feeds)
+        if compiled._lowered.assumptions:
+            bindings = check_assumptions(compiled._lowered.assumptions, bindings)
+        return sum(w >= MIN_PARALLEL_WORK for w in compiled.parallel_work(dict(bindings)).values())
+    except (AttributeError, KeyError, EgraftError):
+        return None
 
 
 def _run_isolated(name: str, threads: list[int], budget: float, timeout: float) -> dict:
@@ -142,9 +161,10 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                        "error (tolerance)"]
             if against_one:
                 columns.insert(4, f"vs {min(threads)} thread")
+                columns.insert(5, "split kernels")
             for column in columns:
                 table.add_column(column, justify="left" if column == "model" else "right")
-            ratios, slower = [], 0
+            ratios, slower, unsplit = [], 0, 0
             for r in chosen:
                 if "failure" in r:
                     table.add_row(r["model"], "failed", "", "", "", "", escape(r["failure"][:80]))
@@ -160,7 +180,10 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                     own = r.get("threads_ratio", {})
                     gain = own.get(str(count), float("nan"))
                     slower += gain > 1.0
+                    unsplit += gain > 1.0 and r.get("split_kernels") == 0
                     cells.insert(4, f"{gain:.2f}")
+                    split = r.get("split_kernels")
+                    cells.insert(5, "?" if split is None else str(split))
                 table.add_row(*cells)
             above = sum(x > 1.5 for x in ratios)
             slowest = max((r["compile_s"] for r in chosen if "failure" not in r), default=float("nan"))
@@ -168,7 +191,8 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                              f"{above} above 1.5x; slowest cold compile {slowest:.1f} s")
             if against_one:
                 table.caption += (f"; {slower} slower at {count} threads than at {min(threads)} (egraft against "
-                                  "itself in alternating blocks)")
+                                  f"itself in alternating blocks), {unsplit} of them splitting no kernel (the same "
+                                  "native code at both counts: their ratio is the timing's noise)")
             console.print(table)
         _print_compiles([r for r in chosen if "failure" not in r], title, console)
 
