@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -555,6 +556,22 @@ ERF_DENOMINATOR = (-1.45660718464996e-05, -2.13374055278905e-04, -1.682826974382
                    -1.42647390514189e-02)
 
 
+
+@lru_cache(maxsize=4096)
+def constant(t: ir.Type, v: float) -> ir.Constant:
+    """``v`` as a constant of ``t`` (a scalar type, or a vector type: ``v`` in every lane),
+    one object per type and value: a constant formats its text once, on first use, and a
+    splat of 16 lanes is costly to build and to format (a SiLU epilogue asks for its
+    polynomial's coefficients per accumulator: 74,000 constants in ddddocr_det's lowering).
+
+    Example:
+        >>> constant(ir.VectorType(ir.FloatType(), 2), 1.5) is constant(ir.VectorType(ir.FloatType(), 2), 1.5)
+        True
+    """
+    if isinstance(t, ir.VectorType):
+        return ir.Constant(t, [constant(t.element, v).constant] * t.count)
+    return ir.Constant(t, float(v)) if is_float(t) else ir.Constant(t, int(v))
+
 class MathEmitter:
     """Math in LLVM IR on scalars or vectors.
 
@@ -602,9 +619,7 @@ class MathEmitter:
 
     def const(self, t: ir.Type, v: float) -> ir.Value:
         """``v`` as a constant of ``t`` (a scalar type, or a vector type: ``v`` in every lane)."""
-        if isinstance(t, ir.VectorType):
-            return ir.Constant(t, [self.const(t.element, v).constant] * t.count)
-        return ir.Constant(t, float(v)) if is_float(t) else ir.Constant(t, int(v))
+        return constant(t, v)
 
     @staticmethod
     def _is_f32(x: ir.Value) -> bool:
