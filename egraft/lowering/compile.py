@@ -38,7 +38,7 @@ from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.ops.nn_dense import dropout_is_identity
 from egraft.kernels.cpu import early_compile, find_kernel, in_place
 from egraft.kernels.cpu.emit import KernelContext, Unsupported
-from egraft.kernels.cpu.llvm import NO_UNROLL, JitModule, compile_jobs, host_cpu, submit_early
+from egraft.kernels.cpu.llvm import JitModule, compile_jobs, host_cpu, pipeline_header, submit_early
 from egraft.lowering.control import inline_constant_ifs, is_control, lower_bodies
 from egraft.lowering.kernel_memo import Emission, KernelMemo, replay
 from egraft.lowering.kernels import KernelSet
@@ -332,7 +332,7 @@ def _emit(generator, node: Node, graph: Graph, name: str, opset: int, slots: dic
     finally:
         for made in set(slots) - before:
             del slots[made]
-    text = str(scratch) if ctx.llvm_unroll else NO_UNROLL + str(scratch)
+    text = pipeline_header(ctx.llvm_unroll, ctx.llvm_loop_vectorize) + str(scratch)
     return memo.record(key, ctx, text)
 
 

@@ -668,6 +668,7 @@ def conv_nchwc(ctx: KernelContext) -> None:
     residual = 3 if ctx.has_input(3) else None
     _check_operands(ctx, residual)
     ctx.llvm_unroll = False  # the lane loop, the only short one, runs as fast rolled; unrolled it doubled LLVM's time
+    ctx.llvm_loop_vectorize = False  # the tiles are vector code already
     if conv_symbolic.has_symbolic_spatial_dims(ctx):  # runtime bounds, the same blocked layout
         if nchw_input(ctx):
             raise Unsupported("an NCHW input with symbolic spatial dims has no generated code (blocked only)")

@@ -223,8 +223,11 @@ class KernelContext(NodeAttrs):
         #: Set by a generator whose code computes only share ``part`` of ``parts``.
         self.parallel = False
         #: Cleared by a generator that unrolls its own loops (register tiles): LLVM's unroller
-        #: then only multiplies the code it compiles (``egraft.kernels.cpu.llvm.NO_UNROLL``).
+        #: then only multiplies the code it compiles (``egraft.kernels.cpu.llvm.pipeline_header``).
         self.llvm_unroll = True
+        #: Cleared by a generator whose code is vector code already: LLVM's loop vectorizer then
+        #: only adds versions of the scalar loops around it.
+        self.llvm_loop_vectorize = True
         #: ``(axis, operand dim, result dim)`` whose broadcast the code decides at run time
         #: (``broadcast_strides``): the runtime checks that each operand dim is 1 or the result's.
         self.broadcast_guards: list[tuple] = []

@@ -273,18 +273,36 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-#: The first line of a module whose loops LLVM must not unroll: its generator unrolled them
-#: already (register tiles). A symbolic-size blocked convolution took 1.3 s to compile with
-#: LLVM's runtime unrolling of its tile loops, 0.25 s without, and ran no faster with it.
-NO_UNROLL = "; egraft: no llvm unrolling\n"
+#: The first line of a module whose generator asks for a lighter pipeline, with the words of
+#: :func:`pipeline_header`: ``no-unroll`` when it unrolled its loops already (register tiles: a
+#: symbolic-size blocked convolution took 1.3 s to compile with LLVM's runtime unrolling of its
+#: tile loops, 0.25 s without, and ran no faster with it); ``no-loop-vectorize`` when its code
+#: is vector code already (the loop vectorizer and interleaver then only add versions of the
+#: scalar loops around it: ppocr_v4_det's symbolic convolutions took 0.7-0.97 s each with them,
+#: 0.25-0.4 s without).
+PIPELINE_HEADER = "; egraft llvm:"
 
 
-def _pipeline_tuning(unroll: bool = True):
+def pipeline_header(unroll: bool = True, loop_vectorize: bool = True) -> str:
+    """The first line that asks :func:`object_code` to leave out LLVM's loop unrolling or its
+    loop vectorizer (empty when both stay).
+
+    Example:
+        >>> pipeline_header(unroll=False, loop_vectorize=False)
+        '; egraft llvm: no-unroll no-loop-vectorize\\n'
+    """
+    words = [w for w, keep in (("no-unroll", unroll), ("no-loop-vectorize", loop_vectorize)) if not keep]
+    return f"{PIPELINE_HEADER} {' '.join(words)}\n" if words else ""
+
+
+def _pipeline_tuning(module_text: str = ""):
+    first = module_text[:120].split("\n", 1)[0] if module_text.startswith(PIPELINE_HEADER) else ""
+    words = set(first[len(PIPELINE_HEADER):].split())
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
+    pto.loop_vectorization = "no-loop-vectorize" not in words
     pto.slp_vectorization = True
-    pto.loop_unrolling = unroll
-    pto.loop_interleaving = True
+    pto.loop_unrolling = "no-unroll" not in words
+    pto.loop_interleaving = "no-loop-vectorize" not in words
     return pto
 
 
@@ -297,7 +315,7 @@ def object_code(module_text: str) -> bytes:
         module = llvm.parse_assembly(module_text, context=context)
         module.verify()
         machine = _target_machine()
-        builder = llvm.create_pass_builder(machine, _pipeline_tuning(unroll=not module_text.startswith(NO_UNROLL)))
+        builder = llvm.create_pass_builder(machine, _pipeline_tuning(module_text))
         builder.getModulePassManager().run(module, builder)
         return machine.emit_object(module)
 
