@@ -632,14 +632,23 @@ class NCHWcEmitter:
                 continue
             channel = b.mul(b.add(row.block0, const64(v)), const64(BLOCK))
             biases.append(b.load(vector_pointer(b, self.bias, channel, BLOCK), align=4))
+        math = self.ctx.math
+        apart = self.activation in math.OUT_OF_LINE  # applied to the stored tile, by a call per block row
+        starts = []
         for j, v, at in self.output_vectors(row, ow0, pixels):
             value = sums[j][v]
             if biases[v] is not None:
                 value = b.fadd(value, biases[v])
             if self.z is not None:
                 value = b.fadd(value, b.load(vector_pointer(b, self.z, at, BLOCK), align=4))
-            value = self.ctx.math.activation(self.activation, self.params, value)
+            if apart:
+                if j == 0:
+                    starts.append(at)
+            else:
+                value = math.activation(self.activation, self.params, value)
             b.store(value, vector_pointer(b, self.y, at, BLOCK), align=4)
+        for at in starts:  # a block's pixels are contiguous: BLOCK floats each
+            math.activation_in_place(self.activation, self.params, b.gep(self.y, [at]), pixels * BLOCK, BLOCK)
 
 
 # ---- the generator ----------------------------------------------------------------------------------

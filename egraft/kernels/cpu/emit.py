@@ -738,6 +738,47 @@ class MathEmitter:
         ratio = b.fdiv(b.fmul(self._horner(x2, SIGMOID_NUMERATOR), clamped), self._horner(x2, SIGMOID_DENOMINATOR))
         return self._clamp(b.fadd(ratio, self.const(t, 0.5)), 0.0, 1.0)
 
+    #: Activations whose code is long (a rational function and clamps: 30-40 instructions a
+    #: vector): :meth:`activation_in_place` gives them a function of their own.
+    OUT_OF_LINE = frozenset({"sigmoid", "silu", "tanh", "gelu", "gelu_tanh"})
+
+    def activation_in_place(self, name: str, params, pointer: ir.Value, count: int, lanes: int) -> None:
+        """Apply :meth:`activation` to the ``count`` floats at ``pointer`` (a multiple of
+        ``lanes``), through a function of the module's own that runs it on ``lanes``-wide
+        vectors. For a generator that applies a long activation (:data:`OUT_OF_LINE`) to every
+        register of many unrolled tiles: inlined per accumulator, a blocked convolution's SiLU
+        epilogue made up to 1 MB of IR per kernel. Called once the tile is stored, so no
+        register is live across the call.
+
+        Example: ``ctx.math.activation_in_place("silu", [], row_pointer, 48, 8)``."""
+        from egraft.ir.ops.fused import activation_params
+
+        t = ir.VectorType(F32, lanes)
+        p = activation_params(name, params)
+        symbol = f"egraft.act.{name}.{'_'.join(repr(float(v)) for v in p)}.x{lanes}"
+        fn = self.module.globals.get(symbol)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [F32.as_pointer(), I64]), symbol)
+            fn.linkage = "internal"
+            fn.calling_convention = "fastcc"
+            fn.attributes.add("noinline")
+            data, n = fn.args
+            entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
+            body = ir.IRBuilder(entry)
+            body.branch(loop)
+            body.position_at_end(loop)
+            i = body.phi(I64)
+            i.add_incoming(ir.Constant(I64, 0), entry)
+            at = body.bitcast(body.gep(data, [i]), t.as_pointer())
+            value = MathEmitter(self.module, body).activation(name, params, body.load(at, align=4))
+            body.store(value, at, align=4)
+            following = body.add(i, ir.Constant(I64, lanes))
+            i.add_incoming(following, loop)
+            body.cbranch(body.icmp_signed("<", following, n), loop, done)
+            body.position_at_end(done)
+            body.ret_void()
+        self.b.call(fn, [pointer, ir.Constant(I64, count)], cconv="fastcc")
+
     def activation(self, name: str, params, x: ir.Value) -> ir.Value:
         """The fused ops' trailing ``activation`` (see :data:`egraft.ir.ops.fused.ACTIVATIONS`)
         applied to ``x``, with ``params`` as ``activation_params`` (defaults filled in)."""
