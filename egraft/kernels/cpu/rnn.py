@@ -415,7 +415,7 @@ class _IntegerProducts:
         terms = ZeroPoints(ctx, product, packed, k, gh) if product.depth == 4 else None
         total = ctx.alloca(I32, name="rowsum")
 
-        def pack_row(row: ir.Value, put, i: int) -> None:
+        def pack_row(row: ir.Value, put, i: ir.Value) -> None:
             start = b.mul(row, const64(k))
             b.store(ir.Constant(I32, 0), total)
             with ctx.loop(const64(k), name="qk") as j:
