@@ -19,7 +19,8 @@ a term, a union) are filled from tab-separated files by egglog's ``input`` comma
 ruleset declared up front turns each new row into its union (``load``, run once per flush).
 Every earlier way compiled a rule per batch: each top-level command is a rule of its own
 (0.4-1.5 ms), and a rule of 16 actions took 1.2 ms to declare, so commands cost
-80-160 us each (DenseNet-121's rounds spent 2 s in it); as rows they cost about 9 us.
+80-160 us each (2.1 s of DenseNet-121's saturation under the profiler); as rows they
+cost about 9 us.
 """
 
 from __future__ import annotations

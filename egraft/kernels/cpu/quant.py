@@ -402,12 +402,13 @@ def emit_pair_gemm(ctx: KernelContext, product: PairProduct, panels_ptr: ir.Valu
     share of them, ``ctx.share(panels)``).
 
     Per tile of ``product.rows`` rows: ``pack_row(row, put, i)`` (``i``: the row's place in the
-    tile, an ``i64`` value: the rows are packed in a loop) gives the row's ``k`` values of A by calling ``put(column, value_i32)`` (column an
-    ``i64``), which writes them in the product's element type to the tile in the thread's
-    scratch (little-endian: ``depth`` columns read as one int32); then for each panel the
-    tile's outputs accumulate in registers, ``finish(i, panel, vectors)`` may correct them
-    (depth 4: the zero points), and ``store_row(row, column, valid, lanes)`` writes ``valid``
-    outputs of the row from ``column`` on (``lanes``: an ``i32*`` to the panel's ``nr`` values)."""
+    tile, an ``i64`` value: the rows are packed in a loop) gives the row's ``k`` values of A
+    by calling ``put(column, value_i32)`` (column an ``i64``), which writes them in the
+    product's element type to the tile in the thread's scratch (little-endian: ``depth``
+    columns read as one int32); then for each panel the tile's outputs accumulate in
+    registers, ``finish(i, panel, vectors)`` may correct them (depth 4: the zero points), and
+    ``store_row(row, column, valid, lanes)`` writes ``valid`` outputs of the row from
+    ``column`` on (``lanes``: an ``i32*`` to the panel's ``nr`` values)."""
     b = ctx.builder
     width, mr, depth, vectors = product.lanes, product.rows, product.depth, 2
     nr, groups = vectors * width, -(-k // depth)
