@@ -111,21 +111,11 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
 
 
 def _split_kernels(compiled, feeds: dict) -> int | None:
-    """How many kernels a run on ``feeds`` splits over threads (their work reaches
-    ``MIN_PARALLEL_WORK``): with none, egraft runs the same native code at any thread count.
-    ``None`` when the compiled model does not say (a model specialized per input shape)."""
-    from egraft.errors import EgraftError
-    from egraft.ir.assume import check_assumptions
-    from egraft.ir.interpreter import check_feeds
-    from egraft.lowering.runtime import MIN_PARALLEL_WORK
-
-    try:
-        _, bindings = check_feeds(compiled.graph, feeds)
-        if compiled._lowered.assumptions:
-            bindings = check_assumptions(compiled._lowered.assumptions, bindings)
-        return sum(w >= MIN_PARALLEL_WORK for w in compiled.parallel_work(dict(bindings)).values())
-    except (AttributeError, KeyError, EgraftError):
-        return None
+    """How many kernels a run on ``feeds`` splits over threads (``CompiledModel.split_steps``):
+    with none, egraft runs the same native code at any thread count. ``None`` when the compiled
+    model does not say."""
+    split_steps = getattr(compiled, "split_steps", None)
+    return None if split_steps is None else len(split_steps(feeds))
 
 
 def _run_isolated(name: str, threads: list[int], budget: float, timeout: float) -> dict:

@@ -583,6 +583,8 @@ def test_kernels_that_move_data_are_split_by_the_bytes_they_move():
     assert min(big.parallel_work().values()) >= runtime.MIN_PARALLEL_WORK
     assert max(small.parallel_work().values()) < runtime.MIN_PARALLEL_WORK
     x = np.random.default_rng(9).normal(size=(1, 64, 56, 56)).astype(np.float32)
+    assert big.split_steps({"x": x}) == sorted(step.index for step in big.steps)
+    assert small.split_steps({"x": np.zeros((1, 8, 4, 4), np.float32)}) == []
     s, b, m, v = (numpy_helper.to_array(t) for t in _data_model(64, 56).graph.initializer)
     want = np.maximum((x - m[:, None, None]) * (s / np.sqrt(v + 1e-5))[:, None, None] + b[:, None, None], 0)
     for threads in (1, 2):

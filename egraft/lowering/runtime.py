@@ -453,17 +453,34 @@ class CompiledModel:
 
         ``profile``, when given, receives one :class:`StepTiming` per step (start and end
         in ``time.perf_counter_ns`` units)."""
+        arrays, bindings = self._checked(feeds)
+        return self._run_any(arrays, bindings, profile)
+
+    def _checked(self, feeds: Mapping[str, np.ndarray]) -> tuple[Mapping[str, np.ndarray], Mapping[str, int]]:
+        """The feeds as arrays and the dims they bind, checked (once per set of shapes)."""
         key = self._feeds_key(feeds)
         if key is not None:  # feeds of shapes seen before: their dims are known good
             bindings = self._feed_bindings.get(key)
             if bindings is not None:
-                return self._run_any(feeds, bindings, profile)
+                return feeds, bindings
         arrays, bindings = check_feeds(self.graph, feeds)
         if self._lowered.assumptions:  # refused naming the assumption; adds the quotient dims (h_q32)
             bindings = check_assumptions(self._lowered.assumptions, bindings)
         if key is not None and len(self._feed_bindings) < 1024:
             self._feed_bindings[key] = bindings
-        return self._run_any(arrays, bindings, profile)
+        return arrays, bindings
+
+    def split_steps(self, feeds: Mapping[str, np.ndarray]) -> list[int]:
+        """The steps (node indices) that a run on ``feeds`` splits over threads when it has
+        more than one: those whose work reaches :data:`MIN_PARALLEL_WORK`. With none, a run
+        is the same native code at any thread count.
+
+        Example:
+            >>> compiled.split_steps(feeds)     # doctest: +SKIP
+            [3, 7, 12]
+        """
+        _, bindings = self._checked(feeds)
+        return sorted(i for i, w in self._split_work(dict(bindings)).items() if w >= MIN_PARALLEL_WORK)
 
     def _feeds_key(self, feeds: Mapping[str, np.ndarray]) -> tuple | None:
         """The feeds' shapes when they are numpy arrays of the inputs' dtypes under exactly

@@ -166,13 +166,3 @@ def thread_counts(compiled, feeds: dict, counts: list[int], budget_s: float = 2.
         compiled.threads = before
     ms = medians_ms(blocks)
     return {c: dict(ms=ms[str(c)], ratio=paired_ratio(blocks, str(c), str(counts[0]))) for c in counts}
-
-
-def thread_counts_ms(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0) -> dict[int, float]:
-    """egraft's median milliseconds at each of ``counts`` threads (:func:`thread_counts`).
-
-    Example:
-        >>> thread_counts_ms(compiled, feeds, [1, 2])     # doctest: +SKIP
-        {1: 0.48, 2: 0.31}
-    """
-    return {c: v["ms"] for c, v in thread_counts(compiled, feeds, counts, budget_s).items()}

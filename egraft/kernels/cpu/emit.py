@@ -559,7 +559,6 @@ ERF_DENOMINATOR = (-1.45660718464996e-05, -2.13374055278905e-04, -1.682826974382
                    -1.42647390514189e-02)
 
 
-
 @lru_cache(maxsize=4096)
 def constant(t: ir.Type, v: float) -> ir.Constant:
     """``v`` as a constant of ``t`` (a scalar type, or a vector type: ``v`` in every lane),
@@ -574,6 +573,7 @@ def constant(t: ir.Type, v: float) -> ir.Constant:
     if isinstance(t, ir.VectorType):
         return ir.Constant(t, [constant(t.element, v).constant] * t.count)
     return ir.Constant(t, float(v)) if is_float(t) else ir.Constant(t, int(v))
+
 
 class MathEmitter:
     """Math in LLVM IR on scalars or vectors.

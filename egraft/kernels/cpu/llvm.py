@@ -281,6 +281,7 @@ def cpu_count() -> int:
 #: scalar loops around it: ppocr_v4_det's symbolic convolutions took 0.7-0.97 s each with them,
 #: 0.25-0.4 s without).
 PIPELINE_HEADER = "; egraft llvm:"
+_NO_UNROLL, _NO_LOOP_VECTORIZE = "no-unroll", "no-loop-vectorize"
 
 
 def pipeline_header(unroll: bool = True, loop_vectorize: bool = True) -> str:
@@ -291,7 +292,7 @@ def pipeline_header(unroll: bool = True, loop_vectorize: bool = True) -> str:
         >>> pipeline_header(unroll=False, loop_vectorize=False)
         '; egraft llvm: no-unroll no-loop-vectorize\\n'
     """
-    words = [w for w, keep in (("no-unroll", unroll), ("no-loop-vectorize", loop_vectorize)) if not keep]
+    words = [w for w, keep in ((_NO_UNROLL, unroll), (_NO_LOOP_VECTORIZE, loop_vectorize)) if not keep]
     return f"{PIPELINE_HEADER} {' '.join(words)}\n" if words else ""
 
 
@@ -299,10 +300,9 @@ def _pipeline_tuning(module_text: str = ""):
     first = module_text[:120].split("\n", 1)[0] if module_text.startswith(PIPELINE_HEADER) else ""
     words = set(first[len(PIPELINE_HEADER):].split())
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = "no-loop-vectorize" not in words
+    pto.loop_vectorization = pto.loop_interleaving = _NO_LOOP_VECTORIZE not in words
     pto.slp_vectorization = True
-    pto.loop_unrolling = "no-unroll" not in words
-    pto.loop_interleaving = "no-loop-vectorize" not in words
+    pto.loop_unrolling = _NO_UNROLL not in words
     return pto
 
 
