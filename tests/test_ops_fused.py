@@ -480,3 +480,25 @@ def test_attention_rejects_bad_inputs():
     assert_inference_fails("Attention", [("q", q), ("kt", kt), ("v", v), ("mask", randn(3, 4, 6))], {},
                            "the mask of shape")
     assert_inference_fails("Attention", [("q", randn(8)), ("kt", kt), ("v", v)], {}, "rank >= 2")
+
+
+@pytest.mark.parametrize("expr, keys", [
+    ("mul(x0, add(x1, x2))", [30, 10, 20]),
+    ("sub(relu(add(mul(x0, x1), x2)), x3)", [5, 9, 2, 5]),
+    ("max(min(x0, x1), div(x2, x0))", [4, 4, 4]),
+    ("sigmoid(add(mul(x1, -0.5), pow(x0, 2.0)))", [8, 3]),
+])
+def test_a_canonical_body_computes_the_same_values_bit_for_bit(expr, keys):
+    # Elementwise's canonical form (inputs sorted by e-class, the arguments of add/mul/max/min
+    # in text order) is the same function of the same tensors.
+    from egraft.ir.ops.fused_elementwise import canonical_body, evaluate_expr
+
+    rng = np.random.default_rng(len(expr))
+    tensors = {k: rng.normal(size=(3, 5)) for k in set(keys)}
+    positions, attrs = canonical_body({"expr": expr}, keys)
+    kept = [keys[i] for i in positions]
+    assert kept == sorted(keys)
+    want = evaluate_expr(expr, [tensors[k] for k in keys])
+    got = evaluate_expr(attrs["expr"], [tensors[k] for k in kept])
+    np.testing.assert_array_equal(got, want)
+    assert canonical_body(attrs, kept) == (list(range(len(kept))), attrs)  # canonical twice: the same

@@ -338,3 +338,45 @@ def test_saturation_and_extraction_make_no_reference_cycles():
     graph = egraft.load(encoder_model())
     run(EGraphState.from_graph(graph))  # first-time imports and class definitions make cycles
     assert run(EGraphState.from_graph(graph)) == 0
+
+
+def test_compiled_guards_agree_with_the_evaluator_on_every_match():
+    # Each shipped rule's guard, compiled to closures, gives the tree-walking evaluator's
+    # answer on every match of the test encoder's e-graph over three rounds (accepted and
+    # refused ones: matching without the guard finds both).
+    from egraft.ir.infer import FreshDims
+    from egraft.optimize import select_rules
+    from egraft.rewrite.egraph import EGraphState
+    from egraft.rewrite.engine import saturate
+    from egraft.rewrite.evaluate import Evaluator
+    from egraft.rewrite.guard import guard_function
+    from egraft.rewrite.load import load_rules
+    from egraft.rewrite.match import Matcher
+    from egraft.testing.encoder import encoder_model
+
+    rules, _ = select_rules(load_rules([], include_shipped=True))
+    state = EGraphState.from_graph(egraft.load(encoder_model()))
+    seen = {True: 0, False: 0}
+    for _ in range(3):
+        snapshot = state.snapshot()
+        matcher, evaluator = Matcher(snapshot, 17), Evaluator(state, snapshot, 17, FreshDims("_t"))
+        for rule in rules:
+            if rule.guard is None:
+                continue
+            for subst in matcher.match_rule(rule, limit=400):
+                name = None
+                try:
+                    walked = bool(evaluator.eval(rule.guard, subst, {}))
+                except Exception as err:  # the guard refuses: the compiled one must raise or say False
+                    walked = False
+                    name = type(err).__name__
+                try:
+                    compiled = bool(guard_function(rule.guard)(evaluator, subst))
+                except Exception as err:
+                    compiled = False
+                    assert type(err).__name__ == name, rule.name
+                assert compiled == walked, rule.name
+                seen[walked] += 1
+        saturate(state, rules, Budget(iterations=1, seconds=600.0))
+    state.release()
+    assert seen[True] > 100 and seen[False] > 100

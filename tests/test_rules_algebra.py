@@ -335,7 +335,9 @@ def test_a_square_is_a_product(exponent_shape, squared):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [two])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     result = optimize(egraft.load(model))
-    assert [n.op for n in result.graph.nodes] == (["Mul"] if squared else ["Pow"])
+    # the product, as Mul(x, x) or as the one-input body mul(x0, x0) (Elementwise keeps an input once)
+    plan = [(n.op, n.attrs.get("expr"), len(n.inputs)) for n in result.graph.nodes]
+    assert plan in ([("Mul", None, 2)], [("Elementwise", "mul(x0, x0)", 1)]) if squared else plan == [("Pow", None, 2)]
     x = np.random.default_rng(4).normal(0, 10, (5, 8)).astype(np.float32)
     want = run_onnxruntime(model, {"x": x})["y"]
     got = egraft.compile(model).run({"x": x})["y"]

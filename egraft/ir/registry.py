@@ -67,6 +67,11 @@ class OpDef:
             inputs are constants, it has no kernel): extraction never picks it unfolded
             (as egglog's ``:unextractable``), so a saturation stopped before the fold
             picks another alternative instead of running the op on every call.
+        canonical: ``(attrs, keys) -> (positions, attrs)``, the one form of a node among
+            those that compute the same function of the same inputs: given an identity
+            (``keys``, e-classes) per input, which inputs to keep in which order and the
+            attributes that go with them. Rewriting builds nodes through it, so that the
+            forms become one e-node (``Elementwise`` sorts its inputs).
     """
 
     name: str
@@ -79,6 +84,7 @@ class OpDef:
     onnx_function: Callable | None = None
     work: Callable | None = None
     folded_only: bool = False
+    canonical: Callable | None = None
 
     @property
     def is_standard(self) -> bool:
@@ -114,9 +120,11 @@ def register_op(
     doc: str = "",
     onnx_function: Callable | None = None,
     folded_only: bool = False,
+    canonical: Callable | None = None,
 ) -> OpDef:
     """Add an op to the registry (or replace its entry) and return its definition."""
-    op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function, folded_only=folded_only)
+    op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function, folded_only=folded_only,
+               canonical=canonical)
     _REGISTRY[(domain, name)] = op
     return op
 

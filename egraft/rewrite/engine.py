@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from egraft import trace
 from egraft.ir.infer import FreshDims
@@ -118,18 +119,6 @@ def _match_key(rule: Rule, subst: dict) -> tuple:
     return (rule.name, tuple(items))
 
 
-def _touches(key: tuple, refs: set[int]) -> bool:
-    """True when the match ``key`` binds an e-class whose name is in ``refs``."""
-    for _, value in key[1]:
-        if isinstance(value, tuple) and value and value[0] == "c":
-            if value[1] in refs:
-                return True
-        elif isinstance(value, tuple):
-            if any(isinstance(v, tuple) and v[1] in refs for v in value):
-                return True
-    return False
-
-
 def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None,
              progress: Callable[[int, int], None] | None = None, incremental: bool = True) -> SaturationReport:
     """Run ``rules`` on ``state`` until saturation or a budget; return the report. With
@@ -144,9 +133,6 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     banned_until = {r.name: 0 for r in rules}
     ban_count = {r.name: 0 for r in rules}
     applied: set[tuple] = set()
-    # Guards see types (fixed) and constness (which only grows): a refused match needs
-    # another look only when one of its e-classes has become constant since.
-    refused: set[tuple] = set()
     snapshot = state.snapshot()
     const_refs = {snapshot.class_ref[c] for c in snapshot.const_class}
     newly_const: set[int] = set(const_refs)
@@ -193,7 +179,16 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                                  for r in changed_since[k]}
                         regions[region_key] = matcher.region(seeds, levels)
                     within.append(regions[region_key])
-            substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within, constants=constants[name])
+            # the guard filters matches as they are found, so only accepted ones count towards the
+            # ban threshold. Guards see types (fixed) and constness (which only grows), and an
+            # e-class that became constant is a changed one: a refused match is looked at again
+            # when incremental matching finds it again.
+            refusals = [0]
+            accept = None if rule.guard is None else partial(evaluator.guard, rule)
+            substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within, constants=constants[name],
+                                        accept=accept, refused=refusals)
+            stats[name].guard_refused += refusals[0]
+            stats[name].matches += refusals[0]
             if len(substs) > threshold[name]:
                 ban_count[name] += 1
                 banned_until[name] = iteration + budget.ban_length * 2 ** (ban_count[name] - 1)
@@ -208,12 +203,6 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
             for subst in substs:
                 key = _match_key(rule, subst)
                 if key in applied:
-                    continue
-                if key in refused and not (newly_const and _touches(key, newly_const)):
-                    continue
-                if not evaluator.guard(rule, subst):
-                    stats[name].guard_refused += 1
-                    refused.add(key)
                     continue
                 mark = len(state.pending)
                 log_mark = len(state.term_log)

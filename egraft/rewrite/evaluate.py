@@ -28,6 +28,7 @@ from egraft.ir.types import TensorType
 from egraft.rewrite.ast import EBinary, ECall, EIndex, EList, ELit, EUnary, EVar, Rule
 from egraft.rewrite.builtins import BUILTINS, DTYPE_NAMES, GuardFailed, Handle
 from egraft.rewrite.egraph import CONST, EGraphState, Snapshot, value_name
+from egraft.rewrite.guard import guard_function
 from egraft.rewrite.match import ROOT, EClassId, Subst
 
 
@@ -172,6 +173,16 @@ class Evaluator:
         return self.make_op(op, handles, attrs, domain=domain, n_outputs=n_outputs)
 
     def make_op(self, op: str, inputs: list, attrs: dict, domain: str = "", n_outputs: int = 1):
+        opdef = get_op(op, domain)
+        if opdef is not None and opdef.canonical is not None and inputs and None not in inputs:
+            # an input's identity is its e-class (a term built in this replacement: its handle,
+            # which names no e-class of the snapshot)
+            keys = [self.snap.ref_class.get(h.ref, h.ref) for h in inputs]
+            try:
+                positions, attrs = opdef.canonical(attrs, keys)
+            except ValueError as err:
+                raise ReplacementFailed(f"{op}: {err}") from None
+            inputs = [inputs[i] for i in positions]
         values = [None if h is None else self._ir_value(h) for h in inputs]
         outs = tuple(Value(f"new{i}", TensorType(DType.FLOAT32, None)) for i in range(n_outputs))
         node = Node(op, tuple(values), outs, dict(attrs), domain=domain)
@@ -250,7 +261,7 @@ class Evaluator:
         if rule.guard is None:
             return True
         try:
-            return bool(self.eval(rule.guard, subst, {}))
+            return bool(guard_function(rule.guard)(self, subst))
         except GuardFailed:
             return False
         except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError):

@@ -8,7 +8,7 @@ earlier roots bound (multi-root rules join on shared variables).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from egraft.ir.registry import get_op
@@ -225,34 +225,44 @@ class Matcher:
         return candidates
 
     def match_rule(self, rule: Rule, limit: int | None = None, within: Sequence[set[int]] | None = None,
-                   constants: frozenset[str] | None = None) -> list[Subst]:
+                   constants: frozenset[str] | None = None, accept: Callable[[Subst], bool] | None = None,
+                   refused: list[int] | None = None) -> list[Subst]:
         """All substitutions for the rule's roots (at most ``limit``); with ``within`` (a set of
         e-classes per root), only those where some root ``i`` is in ``within[i]`` (incremental
         matching: a match whose every root lies outside was found before). Semi-naive: search
         ``i`` takes root ``i`` inside its set, the roots before it outside theirs, so no match is
-        found twice. ``constants``: :func:`required_constants` of the rule, when known."""
+        found twice. ``constants``: :func:`required_constants` of the rule, when known.
+
+        ``accept`` (the rule's guard) filters the matches as they are found, so that only the
+        ones it accepts count towards ``limit``: ``Mul(Elementwise(xs...), Elementwise(ys...))
+        where len(xs) + len(ys) <= 8`` matched 120,000 pairs of bodies on t5_encoder_int8 and
+        its guard refused 94% of them, which had banned the rule round after round. ``refused``
+        (a one-item list) counts the matches ``accept`` turned down."""
         candidates = [self.candidates(root) for root in rule.roots]
         self._constant_vars = required_constants(rule) if constants is None else constants
         try:
             if within is None:
-                return self._search(rule, limit, candidates, list(range(len(candidates))))
+                return self._search(rule, limit, candidates, list(range(len(candidates))), accept, refused)
             results: list[Subst] = []
             for first in range(len(within)):
                 narrowed = [[c for c in candidates[i] if (c in within[i]) == (i == first)] if i <= first
                             else candidates[i] for i in range(len(candidates))]
                 order = [first] + [i for i in range(len(candidates)) if i != first]
                 left = None if limit is None else limit - len(results)
-                results += self._search(rule, left, [narrowed[i] for i in order], order)
+                results += self._search(rule, left, [narrowed[i] for i in order], order, accept, refused)
                 if limit is not None and len(results) >= limit:
                     break
             return results
         finally:
             self._constant_vars = frozenset()
 
-    def _search(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int]) -> list[Subst]:
+    def _search(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int],
+                accept: Callable[[Subst], bool] | None = None, refused: list[int] | None = None) -> list[Subst]:
         """The matches of the rule's roots taken in ``order`` among ``candidates`` (in that order)."""
-        search = _Search(rule, limit, candidates, order)
+        search = _Search(rule, limit, candidates, order, accept)
         self._extend(search, 0, {})
+        if refused is not None:
+            refused[0] += search.refused
         return search.results
 
     def _extend(self, search: _Search, i: int, subst: Subst) -> bool:
@@ -261,6 +271,9 @@ class Matcher:
         which kept every match of every rule alive until the cycle collector ran.)"""
         names = search.names
         if i == len(names):
+            if search.accept is not None and not search.accept(subst):
+                search.refused += 1
+                return False
             search.results.append(subst)
             return search.limit is not None and len(search.results) >= search.limit
         root = search.roots[i]
@@ -308,11 +321,14 @@ def pattern_depth(pattern) -> int:
 
 class _Search:
     """The state of one :meth:`Matcher.match_rule` call: the rule, the limit, each root's
-    candidate e-classes and root names, and the matches found so far."""
+    candidate e-classes and root names, the guard, and the matches found so far."""
 
-    def __init__(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int]):
+    def __init__(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int],
+                 accept: Callable[[Subst], bool] | None = None):
         self.rule = rule
         self.limit = limit
+        self.accept = accept  # the rule's guard, when matching filters by it
+        self.refused = 0  # matches the guard turned down
         self.candidates = candidates  # per root, in the order searched
         self.roots = [rule.roots[i] for i in order]  # the roots in the order searched
         self.names = [ROOT.format(i) for i in order]  # each root's own name, whatever the order
