@@ -254,3 +254,26 @@ def test_one_build_of_large_convolutions_matches_onnxruntime(compiled_large_conv
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
         np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("w", [1, 3, 16, 17, 40])
+def test_a_wide_dilated_kernel_over_narrow_symbolic_rows_matches_onnxruntime(w):
+    # Conv 1x5, dilation 2, pads 4 + 4 over rows of w columns, then Relu: the taps of a row's
+    # first and last columns read the padding (lane masks), and rows narrower than the kernel
+    # have no interior columns at all.
+    rng = np.random.default_rng(w)
+    inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.5, (5, 3, 1, 5)).astype(np.float32), "k"),
+             onnx.numpy_helper.from_array(rng.normal(0, 0.5, (5,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "k", "b"], ["c"], dilations=[1, 2], pads=[0, 4, 0, 4]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
+    graph = helper.make_graph(nodes, "wide_kernel", [x_info],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = egraft.compile(model.SerializeToString(), use_cache=False)
+    assert not [f for f in compiled.report({"h": 2, "w": w}).fallbacks if "Conv" in f[1]]
+    x = rng.normal(0, 1, (1, 3, 2, w)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = compiled.run({"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -31,7 +31,18 @@ from llvmlite import ir
 from egraft.ir.ops.layout import unblocked_shape
 from egraft.ir.ops.nn_spatial import _SAME, _window
 from egraft.kernels.cpu.elementwise import broadcast_strides
-from egraft.kernels.cpu.emit import KernelContext, Unsupported, ceil_div, const64, floor_div, imax, imin, splat
+from egraft.kernels.cpu.emit import (
+    KernelContext,
+    Unsupported,
+    ceil_div,
+    const64,
+    floor_div,
+    imax,
+    imin,
+    masked_load,
+    masked_store,
+    splat,
+)
 from egraft.kernels.cpu.llvm import host_vector_bits
 
 CONTRACT = ("contract",)
@@ -167,14 +178,20 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     # vector tiles over the interior columns (every tap inside) at unit stride, plain layout
     width = max(1, host_vector_bits() // (32 if str(t) == "float" else 64))
     span = TILE_VECTORS * width
-    if block is None and g.stride_w == 1:
+    # at unit stride in the plain layout every column is in a vector tile: the interior in
+    # unmasked tiles, the columns before and after it in one-vector tiles whose taps read
+    # through lane masks (ddddocr_ocr's 32-column rows had left 14 of 32 columns to per-tap
+    # scalar loops: its layers ran at 13 GFLOP/s)
+    vector_rows = block is None and g.stride_w == 1
+    if vector_rows:
         interior_lo = column_ranges[0][1]
         interior_hi = column_ranges[0][2]
         for _, lo, hi in column_ranges[1:]:
             interior_lo, interior_hi = imax(b, interior_lo, lo), imin(b, interior_hi, hi)
+        interior_lo = imin(b, interior_lo, out_w)
         tiles = floor_div(b, imax(b, const64(0), b.sub(interior_hi, interior_lo)), span)
         wide_end = b.add(interior_lo, b.mul(tiles, const64(span)))
-        singles = floor_div(b, imax(b, const64(0), b.sub(interior_hi, wide_end)), width)  # one-vector tiles after
+        singles = const64(0)
     else:
         interior_lo, tiles, singles = out_w, const64(0), const64(0)
         wide_end = out_w
@@ -191,7 +208,8 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
             y_rows = [y_layout.row(n, oc, oh) for oc in channels]
             top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)  # input row of kernel row 0
             kh_lo, kh_hi = valid_range(b, top, g.dil_h, in_h, const64(g.k_h))
-            for oc, y_row, bias_value in zip(channels, y_rows, biases):  # border columns, one tap at a time
+            for oc, y_row, bias_value in zip(channels, y_rows if not vector_rows else [], biases):
+                # border columns, one tap at a time
                 with ctx.loop(out_w, name="ow0") as ow:
                     b.store(bias_value, b.gep(y, [y_layout.at(y_row, ow)]))
                 with ctx.loop(group_in, name="ic") as ic:
@@ -219,13 +237,37 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
         ``len(channels)`` output channels at a time, accumulated in registers over input
         channels and taps."""
         emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, tiles, interior_lo, TILE_VECTORS)
-        emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, singles, wide_end, 1)
+        if vector_rows:
+            for first, end in ((const64(0), interior_lo), (wide_end, out_w)):
+                count = ceil_div(b, imax(b, const64(0), b.sub(end, first)), width)
+                emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, 1, end)
+        else:
+            emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, singles, wide_end, 1)
 
-    def emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, vectors) -> None:
+    def lane_masks(ow0: ir.Value, end: ir.Value) -> tuple[ir.Value, list[ir.Value]]:
+        """For a one-vector tile at column ``ow0`` of a row that ends at ``end``: the lanes
+        inside the row, and per tap the lanes whose input column is inside the input."""
+        lanes = ir.VectorType(ir.IntType(64), width)
+        iota = ir.Constant(lanes, list(range(width)))
+        columns = b.add(splat(b, ow0, width), iota)
+        inside = b.icmp_signed("<", columns, splat(b, end, width))
+        masks = []
+        for offset, _, _ in column_ranges:
+            source = b.add(columns, splat(b, offset, width))
+            ok = b.and_(b.icmp_signed(">=", source, ir.Constant(lanes, [0] * width)),
+                        b.icmp_signed("<", source, splat(b, in_w, width)))
+            masks.append(b.and_(ok, inside))
+        return inside, masks
+
+    def emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, vectors,
+                       end: ir.Value | None = None) -> None:
+        """Tiles of ``vectors`` vectors from column ``first``; with ``end``, one-vector tiles
+        whose lanes and taps are masked to the row and the input."""
         vt = ir.VectorType(t, width)
         slots = [[ctx.alloca(vt, name=f"acc{j}_{v}") for v in range(vectors)] for j in range(len(channels))]
         with ctx.loop(count, name="tile") as tile:
             ow0 = b.add(first, b.mul(tile, const64(vectors * width)))
+            inside, masks = lane_masks(ow0, end) if end is not None else (None, None)
             for bias_value, row_slots in zip(biases, slots):
                 start = splat(b, bias_value, width)
                 for slot in row_slots:
@@ -239,8 +281,11 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                     acc = [[b.load(slot) for slot in row_slots] for row_slots in slots]
                     for kw, (offset, _, _) in enumerate(column_ranges):
                         at = b.add(x_row, offset)
-                        xs = [b.load(vector_pointer(b, x, b.add(at, const64(v * width)), width), align=4)
-                              for v in range(vectors)]
+                        if masks is not None:
+                            xs = [masked_load(b, x, at, masks[kw])]
+                        else:
+                            xs = [b.load(vector_pointer(b, x, b.add(at, const64(v * width)), width), align=4)
+                                  for v in range(vectors)]
                         for j, w_row in enumerate(w_rows):
                             weight = splat(b, b.load(b.gep(w, [b.add(w_row, const64(kw))])), width)
                             acc[j] = [fmuladd(ctx, weight, xv, a) for xv, a in zip(xs, acc[j])]
@@ -249,6 +294,9 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                             b.store(value, slot)
             for y_row, row_slots in zip(y_rows, slots):
                 for v, slot in enumerate(row_slots):
+                    if inside is not None:
+                        masked_store(b, b.load(slot), y, b.add(y_row, ow0), inside)
+                        continue
                     b.store(b.load(slot), vector_pointer(b, y, b.add(b.add(y_row, ow0), const64(v * width)), width),
                             align=4)
 
