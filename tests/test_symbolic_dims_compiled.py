@@ -256,15 +256,16 @@ def test_one_build_of_large_convolutions_matches_onnxruntime(compiled_large_conv
         np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
-@pytest.mark.parametrize("w", [1, 3, 16, 17, 40])
-def test_a_wide_dilated_kernel_over_narrow_symbolic_rows_matches_onnxruntime(w):
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("w", [1, 3, 16, 17, 40, 99])
+def test_a_wide_dilated_kernel_over_narrow_symbolic_rows_matches_onnxruntime(w, stride):
     # Conv 1x5, dilation 2, pads 4 + 4 over rows of w columns, then Relu: the taps of a row's
-    # first and last columns read the padding (lane masks), and rows narrower than the kernel
-    # have no interior columns at all.
+    # first and last columns read the padding (lane masks), rows narrower than the kernel
+    # have no interior columns at all, and at stride 2 a vector of outputs reads two of inputs.
     rng = np.random.default_rng(w)
     inits = [onnx.numpy_helper.from_array(rng.normal(0, 0.5, (5, 3, 1, 5)).astype(np.float32), "k"),
              onnx.numpy_helper.from_array(rng.normal(0, 0.5, (5,)).astype(np.float32), "b")]
-    nodes = [helper.make_node("Conv", ["x", "k", "b"], ["c"], dilations=[1, 2], pads=[0, 4, 0, 4]),
+    nodes = [helper.make_node("Conv", ["x", "k", "b"], ["c"], dilations=[1, 2], pads=[0, 4, 0, 4], strides=[1, stride]),
              helper.make_node("Relu", ["c"], ["y"])]
     x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])
     graph = helper.make_graph(nodes, "wide_kernel", [x_info],

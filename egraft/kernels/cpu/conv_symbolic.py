@@ -183,6 +183,10 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     # through lane masks (ddddocr_ocr's 32-column rows had left 14 of 32 columns to per-tap
     # scalar loops: its layers ran at 13 GFLOP/s)
     vector_rows = block is None and g.stride_w == 1
+    # at stride 2 every column is in a masked tile: a vector of outputs reads two vectors of
+    # input columns and keeps the even lanes (the first layer of an OCR model, one input
+    # channel at stride 2, had run at 2.6 GFLOP/s in per-tap scalar loops)
+    strided_rows = block is None and g.stride_w == 2
     if vector_rows:
         interior_lo = column_ranges[0][1]
         interior_hi = column_ranges[0][2]
@@ -208,7 +212,7 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
             y_rows = [y_layout.row(n, oc, oh) for oc in channels]
             top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)  # input row of kernel row 0
             kh_lo, kh_hi = valid_range(b, top, g.dil_h, in_h, const64(g.k_h))
-            for oc, y_row, bias_value in zip(channels, y_rows if not vector_rows else [], biases):
+            for oc, y_row, bias_value in zip(channels, y_rows if not (vector_rows or strided_rows) else [], biases):
                 # border columns, one tap at a time
                 with ctx.loop(out_w, name="ow0") as ow:
                     b.store(bias_value, b.gep(y, [y_layout.at(y_row, ow)]))
@@ -236,38 +240,75 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
         """The interior columns in tiles of ``TILE_VECTORS`` vectors, then of one vector,
         ``len(channels)`` output channels at a time, accumulated in registers over input
         channels and taps."""
-        emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, tiles, interior_lo, TILE_VECTORS)
-        if vector_rows:
-            for first, end in ((const64(0), interior_lo), (wide_end, out_w)):
-                count = ceil_div(b, imax(b, const64(0), b.sub(end, first)), width)
-                emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, 1, end)
-        else:
+        if strided_rows:
+            whole = floor_div(b, out_w, span)
+            emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, whole, const64(0), TILE_VECTORS,
+                           out_w)
+            emit_row_end(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, b.mul(whole, const64(span)))
+            return
+        if not vector_rows:
+            emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, tiles, interior_lo, TILE_VECTORS)
             emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, singles, wide_end, 1)
+            return
+        # a row of at most TILE_VECTORS vectors is one masked tile of as many vectors as it
+        # needs (more accumulators in flight than one-vector tiles); a wider row runs its
+        # interior in unmasked tiles and the columns around it in masked one-vector tiles
+        narrow = b.icmp_signed("<=", out_w, const64(span))
+        with b.if_else(narrow) as (whole_row, wide_row):
+            with whole_row:
+                emit_row_end(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, const64(0))
+            with wide_row:
+                emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, tiles, interior_lo, TILE_VECTORS)
+                for first, end in ((const64(0), interior_lo), (wide_end, out_w)):
+                    count = ceil_div(b, imax(b, const64(0), b.sub(end, first)), width)
+                    emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, 1, end)
+
+    def emit_row_end(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, first: ir.Value) -> None:
+        """The columns from ``first`` to the row's end, fewer than ``TILE_VECTORS`` vectors, as
+        one masked tile of as many vectors as they need (more accumulators in flight than
+        one-vector tiles)."""
+        needed = ceil_div(b, b.sub(out_w, first), width)
+        done = b.append_basic_block("row_done")
+        cases = [b.append_basic_block(f"row_{v}") for v in range(1, TILE_VECTORS + 1)]
+        switch = b.switch(needed, done)
+        for v, case in enumerate(cases, start=1):
+            switch.add_case(ir.Constant(needed.type, v), case)
+            b.position_at_end(case)
+            emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, const64(1), first, v, out_w)
+            b.branch(done)
+        b.position_at_end(done)
 
     def lane_masks(ow0: ir.Value, end: ir.Value) -> tuple[ir.Value, list[ir.Value]]:
-        """For a one-vector tile at column ``ow0`` of a row that ends at ``end``: the lanes
-        inside the row, and per tap the lanes whose input column is inside the input."""
-        lanes = ir.VectorType(ir.IntType(64), width)
-        iota = ir.Constant(lanes, list(range(width)))
-        columns = b.add(splat(b, ow0, width), iota)
-        inside = b.icmp_signed("<", columns, splat(b, end, width))
+        """For a vector at column ``ow0`` of a row that ends at ``end``: the lanes inside the
+        row, and per tap the lanes of the input columns it reads that are inside the input
+        (at stride 2, twice as many lanes: the input columns from ``2 * ow0 + offset`` on)."""
+        stride = g.stride_w
+        lanes = ir.VectorType(ir.IntType(64), width * stride)
+        outputs = b.add(splat(b, ow0, width), ir.Constant(ir.VectorType(ir.IntType(64), width), list(range(width))))
+        inside = b.icmp_signed("<", outputs, splat(b, end, width))
+        # input lane p belongs to output lane p // stride
+        spread = b.add(splat(b, ow0, width * stride), ir.Constant(lanes, [p // stride for p in range(width * stride)]))
+        row = b.icmp_signed("<", spread, splat(b, end, width * stride))
+        columns = b.add(splat(b, b.mul(ow0, const64(stride)), width * stride),
+                        ir.Constant(lanes, list(range(width * stride))))
         masks = []
         for offset, _, _ in column_ranges:
-            source = b.add(columns, splat(b, offset, width))
-            ok = b.and_(b.icmp_signed(">=", source, ir.Constant(lanes, [0] * width)),
-                        b.icmp_signed("<", source, splat(b, in_w, width)))
-            masks.append(b.and_(ok, inside))
+            source = b.add(columns, splat(b, offset, width * stride))
+            ok = b.and_(b.icmp_signed(">=", source, ir.Constant(lanes, [0] * (width * stride))),
+                        b.icmp_signed("<", source, splat(b, in_w, width * stride)))
+            masks.append(b.and_(ok, row))
         return inside, masks
 
     def emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, count, first, vectors,
                        end: ir.Value | None = None) -> None:
-        """Tiles of ``vectors`` vectors from column ``first``; with ``end``, one-vector tiles
-        whose lanes and taps are masked to the row and the input."""
+        """Tiles of ``vectors`` vectors from column ``first``; with ``end``, tiles whose lanes
+        and taps are masked to the row and the input."""
         vt = ir.VectorType(t, width)
         slots = [[ctx.alloca(vt, name=f"acc{j}_{v}") for v in range(vectors)] for j in range(len(channels))]
         with ctx.loop(count, name="tile") as tile:
             ow0 = b.add(first, b.mul(tile, const64(vectors * width)))
-            inside, masks = lane_masks(ow0, end) if end is not None else (None, None)
+            masked = [lane_masks(b.add(ow0, const64(v * width)), end) for v in range(vectors)] if end is not None \
+                else None
             for bias_value, row_slots in zip(biases, slots):
                 start = splat(b, bias_value, width)
                 for slot in row_slots:
@@ -275,14 +316,21 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
             with ctx.loop(group_in, name="tic") as ic:
                 channel = b.add(b.mul(grp, const64(group_in)), ic)
                 with ctx.loop(kh_hi, name="tkh", start=kh_lo) as kh:
-                    x_row = b.add(x_layout.row(n, channel, b.add(top, b.mul(kh, const64(g.dil_h)))), ow0)
+                    x_row = b.add(x_layout.row(n, channel, b.add(top, b.mul(kh, const64(g.dil_h)))),
+                                  b.mul(ow0, const64(g.stride_w)) if strided_rows else ow0)
                     w_rows = [b.mul(b.add(b.mul(b.add(b.mul(oc, const64(group_in)), ic), const64(g.k_h)), kh),
                                     const64(g.k_w)) for oc in channels]
                     acc = [[b.load(slot) for slot in row_slots] for row_slots in slots]
                     for kw, (offset, _, _) in enumerate(column_ranges):
                         at = b.add(x_row, offset)
-                        if masks is not None:
-                            xs = [masked_load(b, x, at, masks[kw])]
+                        if strided_rows:  # two vectors of input columns, the even lanes
+                            evens = ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(0, 2 * width, 2)))
+                            xs = [masked_load(b, x, b.add(at, const64(2 * v * width)), masked[v][1][kw])
+                                  for v in range(vectors)]
+                            xs = [b.shuffle_vector(xv, xv, evens) for xv in xs]
+                        elif masked is not None:
+                            xs = [masked_load(b, x, b.add(at, const64(v * width)), masked[v][1][kw])
+                                  for v in range(vectors)]
                         else:
                             xs = [b.load(vector_pointer(b, x, b.add(at, const64(v * width)), width), align=4)
                                   for v in range(vectors)]
@@ -294,8 +342,8 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                             b.store(value, slot)
             for y_row, row_slots in zip(y_rows, slots):
                 for v, slot in enumerate(row_slots):
-                    if inside is not None:
-                        masked_store(b, b.load(slot), y, b.add(y_row, ow0), inside)
+                    if masked is not None:
+                        masked_store(b, b.load(slot), y, b.add(b.add(y_row, ow0), const64(v * width)), masked[v][0])
                         continue
                     b.store(b.load(slot), vector_pointer(b, y, b.add(b.add(y_row, ow0), const64(v * width)), width),
                             align=4)
