@@ -407,3 +407,30 @@ def test_a_two_operand_sum_residual_joins_the_blocked_convolution():
     x = rng.normal(0, 1, (1, 64, 28, 28)).astype(np.float32)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"],
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("index", [[-1], [1], 1])
+def test_a_static_dim_of_a_symbolic_shape_folds(index):
+    """Gather(Shape(x), i) picks x's static last dim while the batch is symbolic: it folds to
+    a constant, so the Slice computed from it has constant bounds (a GRU cell's gate split)."""
+    from egraft.optimize import optimize
+
+    idx = numpy_helper.from_array(np.array(index, np.int64), "idx")
+    two = numpy_helper.from_array(np.array(2, np.int64), "two")
+    zero = numpy_helper.from_array(np.array([0], np.int64), "zero")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "idx"], ["d"], axis=0),
+             helper.make_node("Div", ["d", "two"], ["h"]),
+             helper.make_node("Reshape", ["h", "one"], ["end"]) if not isinstance(index, list) else
+             helper.make_node("Identity", ["h"], ["end"]),
+             helper.make_node("Slice", ["x", "zero", "end", "axes"], ["y"])]
+    inits = [idx, two, zero, axes, numpy_helper.from_array(np.array([1], np.int64), "one")]
+    graph = helper.make_graph(nodes, "gate_split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = optimize(egraft.load(model))
+    assert [n.op for n in result.graph.nodes] == ["Slice"]
+    assert all(v.const is not None for v in result.graph.nodes[0].inputs[1:])
+    assert str(result.graph.outputs[0].type) == "f32[n, 6]"
+    x = np.random.default_rng(5).normal(size=(3, 12)).astype(np.float32)
+    np.testing.assert_array_equal(egraft.compile(model).run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"])

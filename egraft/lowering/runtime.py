@@ -69,6 +69,13 @@ MIN_PARALLEL_WORK = 4_000_000
 #: 2 threads each core streams half, from its own cache where the producer split too; the
 #: few-microsecond ops of a small OCR model stay whole, their parts cost more than they save).
 MIN_PARALLEL_BYTES = 1024 * 1024
+#: ... or reads at least this many bytes of constants (weights) for at least a quarter of
+#: :data:`MIN_PARALLEL_WORK`'s flops: split, each core reads half of them, and from its own
+#: cache on the next run. A transformer's 384 x 384 products over 7 tokens (2 MFLOP, 590 KB of
+#: weights): minilm_l6_int8 and paraphrase_minilm_l3 took 0.83-0.84x their 2-thread time
+#: with only the limits above (lowering the byte limit instead cost small OCR models 5-16%:
+#: their activations); romanizer_decoder's one-row products (0.4 MFLOP) took 1.04-1.06x split.
+MIN_PARALLEL_WEIGHT_BYTES = 256 * 1024
 #: The value of a symbol no input or step has bound yet (0 is a real dim: an empty batch).
 UNBOUND = -1
 #: ``$EGRAFT_RUNTIME=steps`` runs every step from Python (as a profiled run does), not the
@@ -185,6 +192,14 @@ class _Shaped:
 
     def __init__(self, shape: tuple[int, ...]):
         self.shape, self.ndim = shape, len(shape)
+
+
+def _static_nbytes(t) -> int:
+    """The bytes of a tensor of static type ``t`` (0 when a dim is symbolic): a constant's
+    array may be packed into its kernel and gone from the graph, its type stays."""
+    if t is None or getattr(t, "shape", None) is None or not all(isinstance(d, int) for d in t.shape):
+        return 0
+    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype.numpy).itemsize
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
@@ -753,19 +768,25 @@ class CompiledModel:
         """The work of each parallel kernel at these dims, computed once per binding: its
         flops (the op registry's work formulas, as the cost model prices them), or for a
         kernel that mostly moves data, its bytes in units of :data:`MIN_PARALLEL_WORK` per
-        :data:`MIN_PARALLEL_BYTES`: only kernels worth splitting are split."""
+        :data:`MIN_PARALLEL_BYTES` (its constants' bytes per :data:`MIN_PARALLEL_WEIGHT_BYTES`):
+        only kernels worth splitting are split."""
         key = tuple(bound.get(s, UNBOUND) for s in self._lowered.symbols)
         work = self._work_cache.get(key)
         if work is None:
             graph = self.graph
             per_byte = MIN_PARALLEL_WORK / MIN_PARALLEL_BYTES
+            per_weight_byte = MIN_PARALLEL_WORK / MIN_PARALLEL_WEIGHT_BYTES
 
             def units(step) -> float:
                 inputs = [None if v is None else v.type for v in step.node.inputs]
                 outputs = [None if v is None else v.type for v in step.node.outputs]
                 w = op_work(step.node.op, step.node.domain, step.node.attrs, inputs, outputs, bound,
                             graph.opsets.get("", 21))
-                return max(w.flops, (w.reads + w.writes) * per_byte)  # bytes as the cost model counts them
+                weights = sum(_static_nbytes(v.type) for v in step.node.inputs if v is not None and v.const is not None)
+                # bytes as the cost model counts them, and the constants' own
+                if w.flops < MIN_PARALLEL_WORK / 4:
+                    weights = 0
+                return max(w.flops, (w.reads + w.writes) * per_byte, weights * per_weight_byte)
 
             work = {step.index: units(step) for step in self._lowered.steps if step.parallel}
             with self._plans_lock:

@@ -90,6 +90,20 @@ def _all_equal(ev: Evaluator, x, number) -> bool:
     return v is not None and v.size > 0 and bool(np.all(v == number))
 
 
+def _dims_at(ev: Evaluator, x, indices) -> np.ndarray:
+    """The dims of ``x`` at ``indices`` (an int64 array, negative ones counted from the end),
+    as an int64 array of the indices' shape; :class:`GuardFailed` when one of them is
+    symbolic or out of range (``dims_at(x, [-1])`` of ``x: f32[batch, 768]`` is ``[768]``)."""
+    shape = _shape(ev, x)
+    picked = np.asarray(indices, dtype=np.int64)
+    if np.any(picked < -len(shape)) or np.any(picked >= len(shape)):
+        raise GuardFailed("index out of range")
+    dims = [shape[int(i)] for i in picked.reshape(-1)]
+    if not all(isinstance(d, int | np.integer) for d in dims):
+        raise GuardFailed("a symbolic dim")
+    return np.asarray(dims, dtype=np.int64).reshape(picked.shape)
+
+
 def _is_symbolic(ev: Evaluator, x) -> bool:
     return not ev.type_of(x).is_static
 
@@ -105,6 +119,8 @@ BUILTINS = {
     "value": _value_of,
     "all_equal": _all_equal,
     "is_symbolic": _is_symbolic,
+    "dims_at": _dims_at,
+    "known_dims": lambda ev, x, indices: _dims_at(ev, x, indices) is not None,
     "len": lambda ev, x: len(x),
     "range": lambda ev, n: list(range(int(n))),
     "abs": lambda ev, x: abs(x),
