@@ -230,13 +230,16 @@ def test_weights_are_packed_in_the_order_the_inner_loop_reads_them():
 def test_column_plan_covers_every_column_once():
     from egraft.kernels.cpu.conv import ConvGeometry
 
-    for out_w, k, stride, pad in [(56, 3, 1, 1), (7, 3, 1, 1), (112, 7, 2, 3), (5, 5, 1, 2), (61, 1, 1, 0)]:
-        in_w = (out_w - 1) * stride + k - 2 * pad
-        geo = ConvGeometry(1, 8, 8, 1, 1, in_w, 1, k, 1, out_w, 1, stride, 1, 1, 0, pad)
-        plan = plan_columns(geo)
-        columns = [c for first, pixels in plan.edges for c in range(first, first + pixels)]
-        columns += list(range(plan.loop_start, plan.loop_start + 6 * plan.loop_count))
-        assert sorted(columns) == list(range(out_w))
+    for tile in (6, 7):
+        for out_w, k, stride, pad in [(56, 3, 1, 1), (7, 3, 1, 1), (112, 7, 2, 3), (5, 5, 1, 2), (61, 1, 1, 0),
+                                      (14, 3, 1, 1), (13, 1, 1, 0)]:
+            in_w = (out_w - 1) * stride + k - 2 * pad
+            geo = ConvGeometry(1, 8, 8, 1, 1, in_w, 1, k, 1, out_w, 1, stride, 1, 1, 0, pad)
+            plan = plan_columns(geo, tile)
+            columns = [c for first, pixels in plan.edges for c in range(first, first + pixels)]
+            columns += list(range(plan.loop_start, plan.loop_start + tile * plan.loop_count))
+            assert sorted(columns) == list(range(out_w))
+            assert all(pixels <= tile for _, pixels in plan.edges)
 
 
 # ---- depthwise (group == C == M): one vector multiply-add per tap --------------------------------
