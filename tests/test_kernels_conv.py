@@ -451,6 +451,20 @@ def test_lrn(shape, attrs):
         check_against_reference(op_model("LRN", x, **attrs), {"x": x}, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("split_every_parallel_kernel")
+def test_lrn_channels_are_shared_over_threads():
+    """Inception-v1's LRNs: each part computes its share of the output channels, reading the
+    window of input channels around them (shares of 7 and 6 of 13 channels here)."""
+    x = randn(2, 13, 5, 6)
+    compiled = compile_graph(egraft.load(op_model("LRN", x, size=5, alpha=1e-3, beta=0.75, bias=2.0)))
+    (step,) = compiled.steps
+    assert step.parallel
+    want = run_onnxruntime(op_model("LRN", x, size=5, alpha=1e-3, beta=0.75, bias=2.0), {"x": x})["y"]
+    for threads in (1, 2):
+        compiled.threads = threads
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_lrn_symbolic_batch():
     model = op_model("LRN", randn(1, 6, 4, 4), x_dims=["batch", 6, 4, 4], size=3, alpha=0.01)
     compiled = compile_graph(egraft.load(model))

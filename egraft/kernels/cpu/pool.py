@@ -338,7 +338,8 @@ def _power(ctx: KernelContext, base: ir.Value, exponent: float) -> ir.Value:
 def lrn(ctx: KernelContext) -> None:
     """LRN across channels: ``y = x / (bias + alpha / size * sum(x[c']^2))^beta`` with ``c'`` in
     ``[c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the channels. The window sum
-    is accumulated in the output row, then turned into the result in place.
+    is accumulated in the output row, then turned into the result in place. The output
+    channels are shared out over the kernel's parts (each reads its own window of inputs).
 
     Example: ``LRN(x: f32[batch, 96, 55, 55]) {size = 5, alpha = 1e-4, beta = 0.75, bias = 1}``.
     """
@@ -354,8 +355,9 @@ def lrn(ctx: KernelContext) -> None:
     x, y = ctx.in_ptr(0), ctx.out_ptr(0)
     plane = ctx.numel(shape[2:])
     zero, last = const64(0), const64(channels)
+    first, stop = ctx.share(channels)
     with ctx.loop(ctx.dim(shape[0]), name="n") as n:
-        with ctx.loop(channels, name="c") as c:
+        with ctx.loop(stop, name="c", start=first) as c:
             lo = b.sub(c, const64(before))
             lo = b.select(b.icmp_signed("<", lo, zero), zero, lo)
             hi = b.add(c, const64(after + 1))
