@@ -76,6 +76,8 @@ MIN_PARALLEL_BYTES = 1024 * 1024
 #: with only the limits above (lowering the byte limit instead cost small OCR models 5-16%:
 #: their activations); romanizer_decoder's one-row products (0.4 MFLOP) took 1.04-1.06x split.
 MIN_PARALLEL_WEIGHT_BYTES = 256 * 1024
+#: ... the flops that such a product needs at least.
+MIN_WEIGHT_SPLIT_FLOPS = MIN_PARALLEL_WORK // 4
 #: The value of a symbol no input or step has bound yet (0 is a real dim: an empty batch).
 UNBOUND = -1
 #: ``$EGRAFT_RUNTIME=steps`` runs every step from Python (as a profiled run does), not the
@@ -784,7 +786,7 @@ class CompiledModel:
                             graph.opsets.get("", 21))
                 weights = sum(_static_nbytes(v.type) for v in step.node.inputs if v is not None and v.const is not None)
                 # bytes as the cost model counts them, and the constants' own
-                if w.flops < MIN_PARALLEL_WORK / 4:
+                if w.flops < MIN_WEIGHT_SPLIT_FLOPS:
                     weights = 0
                 return max(w.flops, (w.reads + w.writes) * per_byte, weights * per_weight_byte)
 
