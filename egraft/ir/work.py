@@ -173,6 +173,18 @@ def op_work(op: str, domain: str, attrs: Mapping[str, Any], inputs: Sequence[Ten
     return Work(float(work.flops), work.family, reads, writes, work.launches)
 
 
+def value_bytes(t: TensorType | None, bindings: Mapping[str, int]) -> int:
+    """The bytes of a tensor of type ``t`` at ``bindings`` (dims as :func:`resolve_shape`
+    resolves them; 0 for an absent value or an unknown rank).
+
+    Example:
+        >>> from egraft.ir.dtypes import DType
+        >>> value_bytes(TensorType(DType.FLOAT32, (768, 256)), {})
+        786432
+    """
+    return numel(resolve_shape(t, bindings)) * _itemsize(t)
+
+
 def _itemsize(t) -> int:
     if not isinstance(t, TensorType):
         return 0

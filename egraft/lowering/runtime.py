@@ -43,7 +43,7 @@ from egraft.ir.infer import node_opset, resolve_op
 from egraft.ir.interpreter import Bindings, check_feeds, run_graph
 from egraft.ir.onnx_fallback import onnx_compute
 from egraft.ir.registry import RunContext
-from egraft.ir.work import op_work
+from egraft.ir.work import op_work, value_bytes
 from egraft.kernels.cpu.llvm import JitModule, cpu_count
 from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
 from egraft.kernels.cpu.workers import NativeWorkers
@@ -194,14 +194,6 @@ class _Shaped:
 
     def __init__(self, shape: tuple[int, ...]):
         self.shape, self.ndim = shape, len(shape)
-
-
-def _static_nbytes(t) -> int:
-    """The bytes of a tensor of static type ``t`` (0 when a dim is symbolic): a constant's
-    array may be packed into its kernel and gone from the graph, its type stays."""
-    if t is None or getattr(t, "shape", None) is None or not all(isinstance(d, int) for d in t.shape):
-        return 0
-    return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype.numpy).itemsize
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
@@ -784,10 +776,10 @@ class CompiledModel:
                 outputs = [None if v is None else v.type for v in step.node.outputs]
                 w = op_work(step.node.op, step.node.domain, step.node.attrs, inputs, outputs, bound,
                             graph.opsets.get("", 21))
-                weights = sum(_static_nbytes(v.type) for v in step.node.inputs if v is not None and v.const is not None)
+                # the constants' bytes, from their types (a packed constant's array is gone from the graph)
+                weights = 0 if w.flops < MIN_WEIGHT_SPLIT_FLOPS else \
+                    sum(value_bytes(v.type, bound) for v in step.node.inputs if v is not None and v.const is not None)
                 # bytes as the cost model counts them, and the constants' own
-                if w.flops < MIN_WEIGHT_SPLIT_FLOPS:
-                    weights = 0
                 return max(w.flops, (w.reads + w.writes) * per_byte, weights * per_weight_byte)
 
             work = {step.index: units(step) for step in self._lowered.steps if step.parallel}

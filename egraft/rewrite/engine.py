@@ -183,12 +183,11 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
             # ban threshold. Guards see types (fixed) and constness (which only grows), and an
             # e-class that became constant is a changed one: a refused match is looked at again
             # when incremental matching finds it again.
-            refusals = [0]
             accept = None if rule.guard is None else partial(evaluator.guard, rule)
             substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within, constants=constants[name],
-                                        accept=accept, refused=refusals)
-            stats[name].guard_refused += refusals[0]
-            stats[name].matches += refusals[0]
+                                        accept=accept)
+            stats[name].guard_refused += matcher.refused
+            stats[name].matches += matcher.refused
             if len(substs) > threshold[name]:
                 ban_count[name] += 1
                 banned_until[name] = iteration + budget.ban_length * 2 ** (ban_count[name] - 1)

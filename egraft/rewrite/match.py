@@ -66,6 +66,8 @@ class Matcher:
         self._candidates: dict[tuple[str | None, int], list[int]] = {}
         #: the variables the rule being matched requires constant (:func:`required_constants`)
         self._constant_vars: frozenset[str] = frozenset()
+        #: the matches the last :meth:`match_rule` call's ``accept`` turned down
+        self.refused = 0
 
     # ---- single patterns ----------------------------------------------------------------
     def match_class(self, pattern, c: int, subst: Subst) -> Iterator[Subst]:
@@ -225,8 +227,8 @@ class Matcher:
         return candidates
 
     def match_rule(self, rule: Rule, limit: int | None = None, within: Sequence[set[int]] | None = None,
-                   constants: frozenset[str] | None = None, accept: Callable[[Subst], bool] | None = None,
-                   refused: list[int] | None = None) -> list[Subst]:
+                   constants: frozenset[str] | None = None,
+                   accept: Callable[[Subst], bool] | None = None) -> list[Subst]:
         """All substitutions for the rule's roots (at most ``limit``); with ``within`` (a set of
         e-classes per root), only those where some root ``i`` is in ``within[i]`` (incremental
         matching: a match whose every root lies outside was found before). Semi-naive: search
@@ -236,20 +238,21 @@ class Matcher:
         ``accept`` (the rule's guard) filters the matches as they are found, so that only the
         ones it accepts count towards ``limit``: ``Mul(Elementwise(xs...), Elementwise(ys...))
         where len(xs) + len(ys) <= 8`` matched 120,000 pairs of bodies on t5_encoder_int8 and
-        its guard refused 94% of them, which had banned the rule round after round. ``refused``
-        (a one-item list) counts the matches ``accept`` turned down."""
+        its guard refused 94% of them, which had banned the rule round after round.
+        :attr:`refused` counts the matches ``accept`` turned down in this call."""
         candidates = [self.candidates(root) for root in rule.roots]
         self._constant_vars = required_constants(rule) if constants is None else constants
+        self.refused = 0
         try:
             if within is None:
-                return self._search(rule, limit, candidates, list(range(len(candidates))), accept, refused)
+                return self._search(rule, limit, candidates, list(range(len(candidates))), accept)
             results: list[Subst] = []
             for first in range(len(within)):
                 narrowed = [[c for c in candidates[i] if (c in within[i]) == (i == first)] if i <= first
                             else candidates[i] for i in range(len(candidates))]
                 order = [first] + [i for i in range(len(candidates)) if i != first]
                 left = None if limit is None else limit - len(results)
-                results += self._search(rule, left, [narrowed[i] for i in order], order, accept, refused)
+                results += self._search(rule, left, [narrowed[i] for i in order], order, accept)
                 if limit is not None and len(results) >= limit:
                     break
             return results
@@ -257,12 +260,11 @@ class Matcher:
             self._constant_vars = frozenset()
 
     def _search(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int],
-                accept: Callable[[Subst], bool] | None = None, refused: list[int] | None = None) -> list[Subst]:
+                accept: Callable[[Subst], bool] | None = None) -> list[Subst]:
         """The matches of the rule's roots taken in ``order`` among ``candidates`` (in that order)."""
         search = _Search(rule, limit, candidates, order, accept)
         self._extend(search, 0, {})
-        if refused is not None:
-            refused[0] += search.refused
+        self.refused += search.refused
         return search.results
 
     def _extend(self, search: _Search, i: int, subst: Subst) -> bool:

@@ -10,10 +10,13 @@ and output heights and widths and the begin pads (``auto_pad`` SAME makes them d
 the input) are ``i64`` values computed in the entry block (:meth:`KernelContext.dim`).
 Channels, the kernel, strides and dilations stay static. FusedConv's residual and
 activation are applied to each finished row; blocks of output channels are split over
-threads. At unit horizontal stride the interior columns (every tap inside the input) run
-in register tiles: ``BLOCK_CHANNELS`` output channels times ``TILE_VECTORS`` vectors of
-columns accumulated over input channels and taps, as the static kernel does; the border
-columns and the rest take the per-tap loops.
+threads. At horizontal strides 1 and 2 in the plain layout every column runs in register
+tiles: ``BLOCK_CHANNELS`` output channels times up to ``TILE_VECTORS`` vectors of columns
+accumulated over input channels and taps, as the static kernel does. At stride 1 the
+interior columns (every tap inside the input) take unmasked tiles and the columns around
+them tiles whose taps read through runtime lane masks; at stride 2 every tile is masked and
+a vector of outputs reads two vectors of input columns, keeping the even lanes. Elsewhere
+(the blocked layout, larger strides) the columns take per-tap scalar loops.
 The same kernel serves ``ConvNCHWc`` (input, output and residual channel-blocked): only
 where an element lives changes (:class:`_Layout`).
 
@@ -175,7 +178,6 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     for kw in range(g.k_w):
         offset = b.sub(const64(kw * g.dil_w), pad_w)  # input column = ow * stride + offset
         column_ranges.append((offset, *valid_range(b, offset, g.stride_w, in_w, out_w)))
-    # vector tiles over the interior columns (every tap inside) at unit stride, plain layout
     width = max(1, host_vector_bits() // (32 if str(t) == "float" else 64))
     span = TILE_VECTORS * width
     # at unit stride in the plain layout every column is in a vector tile: the interior in
@@ -187,6 +189,8 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
     # input columns and keeps the even lanes (the first layer of an OCR model, one input
     # channel at stride 2, had run at 2.6 GFLOP/s in per-tap scalar loops)
     strided_rows = block is None and g.stride_w == 2
+    # elsewhere (the blocked layout, strides above 2) every column takes per-tap scalar loops
+    scalar_rows = not (vector_rows or strided_rows)
     if vector_rows:
         interior_lo = column_ranges[0][1]
         interior_hi = column_ranges[0][2]
@@ -195,11 +199,6 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
         interior_lo = imin(b, interior_lo, out_w)
         tiles = floor_div(b, imax(b, const64(0), b.sub(interior_hi, interior_lo)), span)
         wide_end = b.add(interior_lo, b.mul(tiles, const64(span)))
-        singles = const64(0)
-    else:
-        interior_lo, tiles, singles = out_w, const64(0), const64(0)
-        wide_end = out_w
-    tiles_end = b.add(wide_end, b.mul(singles, const64(width)))
     zero = ir.Constant(t, 0.0)
     per_group = -(-group_out // BLOCK_CHANNELS)
     blocks_lo, blocks_hi = ctx.share(g.group * per_group)
@@ -212,8 +211,7 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
             y_rows = [y_layout.row(n, oc, oh) for oc in channels]
             top = b.sub(b.mul(oh, const64(g.stride_h)), pad_h)  # input row of kernel row 0
             kh_lo, kh_hi = valid_range(b, top, g.dil_h, in_h, const64(g.k_h))
-            for oc, y_row, bias_value in zip(channels, y_rows if not (vector_rows or strided_rows) else [], biases):
-                # border columns, one tap at a time
+            for oc, y_row, bias_value in zip(channels, y_rows if scalar_rows else [], biases):
                 with ctx.loop(out_w, name="ow0") as ow:
                     b.store(bias_value, b.gep(y, [y_layout.at(y_row, ow)]))
                 with ctx.loop(group_in, name="ic") as ic:
@@ -224,31 +222,26 @@ def emit_symbolic_conv(ctx: KernelContext, t: ir.Type, bias: int | None, residua
                         w_row = b.add(w_base, b.mul(kh, const64(g.k_w)))
                         for kw, (offset, lo, hi) in enumerate(column_ranges):
                             weight = b.load(b.gep(w, [b.add(w_row, const64(kw))]))
-                            for part_lo, part_hi in ((lo, imin(b, hi, interior_lo)), (imax(b, lo, tiles_end), hi)):
-                                with ctx.loop(part_hi, name="ow", start=part_lo) as ow:
-                                    out = b.gep(y, [y_layout.at(y_row, ow)])
-                                    iw = b.add(b.mul(ow, const64(g.stride_w)), offset)
-                                    value = b.load(b.gep(x, [x_layout.at(x_row, iw)]))
-                                    b.store(b.fadd(b.load(out), b.fmul(weight, value, flags=CONTRACT),
-                                                   flags=CONTRACT), out)
-            emit_tiles(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi)
+                            with ctx.loop(hi, name="ow", start=lo) as ow:
+                                out = b.gep(y, [y_layout.at(y_row, ow)])
+                                iw = b.add(b.mul(ow, const64(g.stride_w)), offset)
+                                value = b.load(b.gep(x, [x_layout.at(x_row, iw)]))
+                                b.store(b.fadd(b.load(out), b.fmul(weight, value, flags=CONTRACT), flags=CONTRACT),
+                                        out)
+            if not scalar_rows:
+                emit_tiles(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi)
             if z is not None or activation:
                 for oc, y_row in zip(channels, y_rows):
                     emit_epilogue(n, oc, oh, y_row)
 
     def emit_tiles(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi) -> None:
-        """The interior columns in tiles of ``TILE_VECTORS`` vectors, then of one vector,
-        ``len(channels)`` output channels at a time, accumulated in registers over input
-        channels and taps."""
+        """Every column of the row in vector tiles, ``len(channels)`` output channels at a
+        time, accumulated in registers over input channels and taps."""
         if strided_rows:
             whole = floor_div(b, out_w, span)
             emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, whole, const64(0), TILE_VECTORS,
                            out_w)
             emit_row_end(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, b.mul(whole, const64(span)))
-            return
-        if not vector_rows:
-            emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, tiles, interior_lo, TILE_VECTORS)
-            emit_tile_loop(n, grp, channels, biases, y_rows, top, kh_lo, kh_hi, singles, wide_end, 1)
             return
         # a row of at most TILE_VECTORS vectors is one masked tile of as many vectors as it
         # needs (more accumulators in flight than one-vector tiles); a wider row runs its
