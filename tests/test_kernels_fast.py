@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import ctypes
 
+import mmap
+
 import numpy as np
 import onnx
 import pytest
+import scipy.special
 from conftest import run_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
@@ -97,6 +100,39 @@ def test_sgemm_transposed_operands_and_packed_a(library, m, n, k):
         np.testing.assert_array_equal(c3, c)
 
 
+def _against_guard_page(rows: int, row_stride: int) -> tuple[np.ndarray, mmap.mmap]:
+    """A float32 ``rows x row_stride`` array whose last element ends where an unreadable page
+    begins: a kernel that reads past it faults."""
+    page = mmap.PAGESIZE
+    count = rows * row_stride
+    pages = -(-count * 4 // page)
+    buffer = mmap.mmap(-1, (pages + 1) * page)
+    libc = ctypes.CDLL(None)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    assert libc.mprotect(ctypes.c_void_p(address + pages * page), page, 0) == 0  # PROT_NONE
+    data = np.frombuffer(buffer, np.float32, count, pages * page - count * 4)
+    return data.reshape(rows, row_stride), buffer
+
+
+@pytest.mark.parametrize("m", [1, 10, 21, 30])
+def test_sgemm_reads_a_in_place_with_its_row_stride_and_nothing_past_it(library, m):
+    """A with contiguous rows is read in place (not packed): rows a stride apart wider than K,
+    a last tile of fewer rows than the micro-kernel's, and A's last row against a page that
+    cannot be read."""
+    k, n, stride = 37, 70, 41
+    whole, buffer = _against_guard_page(m, stride)
+    whole[:] = randn(m, stride)
+    a = whole[:, stride - k:]  # the last k columns: the last element is the last readable float
+    b = randn(k, n)
+    for parts in (1, 2):
+        c = np.full((m, n), np.nan, np.float32)
+        library({"m": m, "n": n, "k": k, "a": a.ctypes.data, "a_rs": stride, "a_cs": 1, "b": b, "b_rs": n, "b_cs": 1,
+                 "c": c, "ldc": n}, parts=parts)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    del whole, a
+    buffer.close()
+
+
 EPILOGUES = [
     ("row bias, relu", sgemm.BIAS_PER_ROW, "same", "relu", (1.0, 1.0, 0.0, 0.0, 0.0)),
     ("column bias, leaky", sgemm.BIAS_PER_COLUMN, None, "leaky_relu", (1.0, 1.0, 0.1, 0.0, 0.0)),
@@ -106,6 +142,8 @@ EPILOGUES = [
     ("column bias, hard swish", sgemm.BIAS_PER_COLUMN, None, "hard_swish", (1.0, 1.0, 0.0, 0.0, 0.0)),
     ("hard sigmoid (alpha, beta as lo, hi)", sgemm.BIAS_NONE, None, "hard_sigmoid", (0.05, 1.0, 0.0, 0.3, 0.4)),
     ("row bias, tanh", sgemm.BIAS_PER_ROW, None, "tanh", (0.05, 1.0, 0.0, 0.0, 0.0)),
+    ("column bias, gelu", sgemm.BIAS_PER_COLUMN, None, "gelu", (0.05, 1.0, 0.0, 0.0, 0.0)),
+    ("column bias, residual, gelu (tanh)", sgemm.BIAS_PER_COLUMN, "same", "gelu_tanh", (0.05, 1.0, 0.0, 0.0, 0.0)),
 ]
 
 
@@ -129,7 +167,9 @@ def test_sgemm_epilogues(library, label, bias_kind, residual, activation, params
     want = {"relu": lambda v: np.maximum(v, 0), "leaky_relu": lambda v: np.where(v < 0, slope * v, v),
             "clip": lambda v: np.clip(v, lo, hi), "sigmoid": sigmoid, "silu": lambda v: v * sigmoid(v),
             "hard_swish": lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
-            "hard_sigmoid": lambda v: np.clip(lo * v + hi, 0, 1), "tanh": np.tanh}[activation](want)
+            "hard_sigmoid": lambda v: np.clip(lo * v + hi, 0, 1), "tanh": np.tanh,
+            "gelu": lambda v: 0.5 * v * (1 + scipy.special.erf(v / np.sqrt(2))),
+            "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))}[activation](want)
     assert set(sgemm.ACTIVATION_CODES) - {""} <= {e[3] for e in EPILOGUES}  # every code the library has
     for parts in (1, 2):
         c = np.empty((m, n), np.float32)

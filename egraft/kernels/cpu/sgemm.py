@@ -7,7 +7,9 @@ The product ``C[i, j] = epilogue(sum_k A[i, k] * B[k, j])`` is computed the BLIS
 - ``B`` is copied, ``KC`` rows by ``NC`` columns at a time, into panels ``NR`` columns
   wide (``panel[k][jj]``, contiguous along ``jj``); ``A`` into panels ``MR`` rows high
   (``panel[k][r]``), ``MC`` rows at a time, or read pre-packed (weights packed once at
-  compile time, :func:`pack_a_constant`);
+  compile time, :func:`pack_a_constant`), or read in place when its rows are contiguous
+  (the micro-kernel then broadcasts from ``MR`` row pointers: packing was a scalar pass
+  over ``A`` that cost up to a tenth of a product with few columns);
 - the micro-kernel keeps an ``MR x NR`` tile of ``C`` in ``MR * NR / VW`` vector registers
   (``VW`` floats each: 8 on AVX2, 16 on AVX-512), and per ``k`` loads ``NR / VW`` vectors
   of ``B``, broadcasts ``MR`` scalars of ``A`` and issues ``MR * NR / VW`` fused
@@ -17,8 +19,8 @@ The product ``C[i, j] = epilogue(sum_k A[i, k] * B[k, j])`` is computed the BLIS
   block: ``act(alpha * acc + bias + beta * residual)`` with the bias per row (a
   convolution's output channel) or per column (a dense layer's unit), the activation one
   of :data:`ACTIVATION_CODES` (relu, leaky relu, clip, sigmoid, SiLU, hard swish, hard
-  sigmoid, tanh; the transcendental ones as the vectorizable polynomials of
-  :class:`~egraft.kernels.cpu.emit.MathEmitter`; GELU runs as a pass over the output).
+  sigmoid, tanh, GELU with erf or tanh; the transcendental ones as the vectorizable
+  polynomials of :class:`~egraft.kernels.cpu.emit.MathEmitter`).
 
 ``B`` is either a strided matrix or the implicit ``im2col`` matrix of a convolution
 (``B[k, n]`` = the input pixel that tap ``k`` reads for output pixel ``n``, zero in the
@@ -77,7 +79,7 @@ FIELD = {name: i for i, name in enumerate(FIELDS)}
 
 #: Activation codes of the ``act`` field.
 ACTIVATION_CODES = {"": 0, "relu": 1, "leaky_relu": 2, "clip": 3, "sigmoid": 4, "silu": 5, "hard_swish": 6,
-                    "hard_sigmoid": 7, "tanh": 8}
+                    "hard_sigmoid": 7, "tanh": 8, "gelu": 9, "gelu_tanh": 10}
 #: ``bias_kind`` codes.
 BIAS_NONE, BIAS_PER_ROW, BIAS_PER_COLUMN = 0, 1, 2
 
@@ -253,26 +255,32 @@ class _Loop:
 
 
 def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
-                  rows_cap: int | None = None) -> ir.Function:
+                  rows_cap: int | None = None, direct: bool = False) -> ir.Function:
     """``micro(ap, bp, kc, c, ldc, rows, cols, first, last, bias, bias_kind, res, ldr, act, params)``:
     the ``MR x NR`` tile at ``c`` (``rows x cols`` of it valid) from packed panels. With
     ``vectors`` (fewer than ``NR / VW``), only the first ``vectors * VW`` columns are
     computed: the narrow form for a last panel of few columns (49 = 3 x 16 + 1). With
     ``rows_cap`` (fewer than ``MR``), only that many rows: the short form for a product of
-    few rows (a batch-1 Gemm whose M is symbolic), which would otherwise do MR rows' work."""
+    few rows (a batch-1 Gemm whose M is symbolic), which would otherwise do MR rows' work.
+    With ``direct``, ``ap`` is A itself, row-major with rows ``lda`` floats apart, not a
+    packed panel: the rows past ``rows`` read the last valid row again (their sums are
+    never stored), so nothing past A is read."""
     stride, nr, vw = blk.mr, blk.nr, blk.vw
     mr = rows_cap or blk.mr
     halves = vectors or nr // vw
     fnty = ir.FunctionType(ir.VoidType(), [F32P, F32P, I64, F32P, I64, I64, I64, I1, I1,
-                                           F32P, I64, F32P, I64, I64, F32P])
+                                           F32P, I64, F32P, I64, I64, F32P, I64])
     fn = ir.Function(module, fnty, "egraft_sgemm_micro" + ("" if halves == nr // vw else f"_{halves * vw}")
-                     + ("" if mr == blk.mr else f"_rows{mr}"))
+                     + ("" if mr == blk.mr else f"_rows{mr}") + ("_direct" if direct else ""))
     fn.linkage = "internal"
     for arg in fn.args[:2] + fn.args[3:4]:
         arg.add_attribute("noalias")
-    ap, bp, kc, c, ldc, rows, cols, first, last, bias, bias_kind, res, ldr, act, params = fn.args
+    ap, bp, kc, c, ldc, rows, cols, first, last, bias, bias_kind, res, ldr, act, params, lda = fn.args
     e = _Emitter(fn, blk)
     b = e.b
+    if direct:  # one pointer per row of A, the rows past `rows` on the last valid one
+        last_row = b.sub(rows, e.i64(1))
+        a_rows = [b.gep(ap, [b.mul(e.min(e.i64(r), last_row), lda)]) for r in range(mr)]
     zero = ir.Constant(e.vt, [0.0] * vw)
     for r in range(mr):  # the tile of C is read (or written) after the loop: fetch it meanwhile
         for h in range(halves):
@@ -286,11 +294,12 @@ def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
         bv = [e.vload(bp, b.add(b.mul(kk, e.i64(nr)), e.i64(h * vw)), align=32) for h in range(halves)]
         a_base = b.mul(kk, e.i64(stride))
         for r in range(mr):
-            av = e.splat(b.load(b.gep(ap, [b.add(a_base, e.i64(r))])))
+            a_at = b.gep(a_rows[r], [kk]) if direct else b.gep(ap, [b.add(a_base, e.i64(r))])
+            av = e.splat(b.load(a_at))
             for h in range(halves):
                 b.store(e.fma(av, bv[h], b.load(accs[r][h])), accs[r][h])
 
-    unroll = 4
+    unroll = 1 if direct else 4
     body_end = b.mul(b.sdiv(kc, e.i64(unroll)), e.i64(unroll))
     with e.loop(0, body_end, unroll, name="k4") as k4:
         for u in range(unroll):
@@ -348,6 +357,8 @@ def _micro_kernel(module: ir.Module, blk: Blocking, vectors: int | None = None,
             "hard_swish": lambda v: b.fmul(v, hard_sigmoid(v, math.const(v.type, 1 / 6), math.const(v.type, 0.5))),
             "hard_sigmoid": lambda v: hard_sigmoid(v, const(v, lo), const(v, hi)),  # alpha, beta as lo, hi
             "tanh": math.tanh,
+            "gelu": lambda v: math.activation("gelu", (), v),
+            "gelu_tanh": lambda v: math.activation("gelu_tanh", (), v),
         }
         for name, form in forms.items():
             with b.if_then(b.icmp_signed("==", act, e.i64(ACTIVATION_CODES[name]))):
@@ -413,9 +424,13 @@ def _library_module(blk: Blocking) -> str:
     """The IR text of ``egraft_sgemm`` (driver, packers, micro-kernel) for ``blk``."""
     module = ir.Module(name="egraft_sgemm")
     module.triple = host_cpu()[0]
-    micro = _micro_kernel(module, blk)
-    narrow = _micro_kernel(module, blk, vectors=1) if blk.nr > blk.vw else None
-    short = [(cap, _micro_kernel(module, blk, rows_cap=cap)) for cap in SHORT_TILES if cap < blk.mr]
+    def kernels(direct: bool):
+        return (_micro_kernel(module, blk, direct=direct),
+                _micro_kernel(module, blk, vectors=1, direct=direct) if blk.nr > blk.vw else None,
+                [(cap, _micro_kernel(module, blk, rows_cap=cap, direct=direct)) for cap in SHORT_TILES
+                 if cap < blk.mr])
+
+    packed_kernels, direct_kernels = kernels(False), kernels(True)
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64P]), SGEMM)
     e = _Emitter(fn, blk)
     b = e.b
@@ -448,6 +463,9 @@ def _library_module(blk: Blocking) -> str:
     bbuf = scratch
     abuf = b.gep(scratch, [e.i64(kcb * ncb)])
     is_packed = b.icmp_signed("!=", a_packed, e.i64(0))
+    # A read in place when its rows are contiguous: the micro-kernel broadcasts from MR rows
+    # of it, as from a packed panel (packing cost a scalar pass over A per block of columns)
+    is_direct = b.and_(b.not_(is_packed), b.icmp_signed("==", a_cs, e.i64(1)))
     is_b_packed = b.icmp_signed("!=", b_packed, e.i64(0))
     is_conv = b.icmp_signed("!=", conv, e.i64(0))
 
@@ -488,7 +506,7 @@ def _library_module(blk: Blocking) -> str:
             last = b.icmp_signed("==", pb, b.sub(k_blocks, e.i64(1)))
             with e.loop(i_lo, i_hi, mcb, name="ic") as ic:
                 mc = e.min(e.i64(mcb), b.sub(i_hi, ic))
-                with b.if_then(b.not_(is_packed)):
+                with b.if_then(b.not_(b.or_(is_packed, is_direct))):
                     _pack_a(e, abuf, ic, mc, pc, kc, a, a_rs, a_cs)
                 with e.loop(0, nc, nr, name="jr") as jr:
                     cols = e.min(e.i64(nr), b.sub(nc, jr))
@@ -502,6 +520,7 @@ def _library_module(blk: Blocking) -> str:
                         packed_at = b.mul(b.add(b.mul(b.sdiv(i, e.i64(mr)), k), pc), e.i64(mr))
                         own_at = b.mul(panel, b.mul(kc, e.i64(mr)))
                         ap = b.select(is_packed, b.gep(a, [packed_at]), b.gep(abuf, [own_at]))
+                        ap = b.select(is_direct, b.gep(a, [b.add(b.mul(i, a_rs), pc)]), ap)
                         rows = e.min(e.i64(mr), b.sub(i_hi, i))
                         cp = b.gep(c, [b.add(b.mul(i, ldc), j)])
                         bias_at = b.select(b.icmp_signed("==", bias_kind, e.i64(BIAS_PER_ROW)), i, j)
@@ -509,8 +528,9 @@ def _library_module(blk: Blocking) -> str:
                         resp = b.select(b.icmp_unsigned("==", b.ptrtoint(res, I64), e.i64(0)), res,
                                         b.gep(res, [b.add(b.mul(i, ldr), j)]))
                         args = [ap, bp, kc, cp, ldc, rows, cols, first, last, biasp, bias_kind, resp, ldr, act,
-                                params]
-                        def full_rows() -> None:
+                                params, a_rs]
+
+                        def full_rows(micro, narrow) -> None:
                             if narrow is None:
                                 b.call(micro, args)
                             else:
@@ -520,18 +540,22 @@ def _library_module(blk: Blocking) -> str:
                                     with many:
                                         b.call(micro, args)
 
-                        def by_rows(options) -> None:  # the shortest tile that holds the rows
+                        def by_rows(micro, narrow, options) -> None:  # the shortest tile that holds the rows
                             if not options:
-                                full_rows()
+                                full_rows(micro, narrow)
                                 return
                             cap, kernel = options[0]
                             with b.if_else(b.icmp_signed("<=", rows, e.i64(cap))) as (fits, more):
                                 with fits:
                                     b.call(kernel, args)
                                 with more:
-                                    by_rows(options[1:])
+                                    by_rows(micro, narrow, options[1:])
 
-                        by_rows(short)
+                        with b.if_else(is_direct) as (direct, packed):
+                            with direct:
+                                by_rows(*direct_kernels)
+                            with packed:
+                                by_rows(*packed_kernels)
     b.ret_void()
     return str(module)
 
