@@ -100,6 +100,49 @@ def test_conv_times_its_sigmoid_is_one_silu_convolution(kernel, spatial, channel
     np.testing.assert_allclose(compiled.run({"x": x})["y"], reference, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("gelu_order", ["pytorch", "written"])
+def test_bias_first_linear_layer_and_its_gelu_are_one_product(gelu_order):
+    """PyTorch exports a linear layer as ``Add(bias, MatMul(x, W))`` and GELU as
+    ``Mul(Mul(x, Add(Erf(x / sqrt2), 1)), 0.5)`` with its products' inputs in either order. The
+    rules are written ``Add(MatMul(a, w), bias)`` and ``Mul(Mul(x, ...), half)``: Add and Mul
+    being commutative, they match both orders, and the layer is one FusedMatMul whose epilogue
+    adds the bias and applies GELU (as onnxruntime's BiasGelu)."""
+    rng = np.random.default_rng(3)
+    w = (rng.normal(size=(16, 40)) * 0.3).astype(np.float32)
+    b = rng.normal(size=40).astype(np.float32)
+    consts = {"w": w, "b": b, "root2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+              "half": np.array(0.5, np.float32)}
+    swap = (lambda a, c: [c, a]) if gelu_order == "pytorch" else (lambda a, c: [a, c])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["b", "m"], ["h"]),
+             helper.make_node("Div", ["h", "root2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", swap("e", "one"), ["p"]), helper.make_node("Mul", swap("h", "p"), ["q"]),
+             helper.make_node("Mul", swap("q", "half"), ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(v, k) for k, v in consts.items()])
+    result = optimize(egraft.load(model))
+    assert [(n.op, n.attrs.get("activation")) for n in result.graph.nodes] == [("FusedMatMul", "gelu")]
+    compiled = egraft.compile(model)
+    for shape in ((1, 5, 16), (2, 13, 16)):
+        x = rng.normal(size=shape).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_commutative_nodes_match_their_other_order_only_where_no_rule_spells_it():
+    """A rule whose mirror image (one commutative node's inputs swapped) is another rule, or
+    itself, is matched in its written order at that node; the others in both orders."""
+    from egraft.rewrite.load import load_rules
+    from egraft.rewrite.match import fixed_order_nodes
+
+    rules = {r.name: r for f in load_rules() for r in f.rules}
+    fixed = fixed_order_nodes(list(rules.values()))
+    root = lambda name: rules[name].roots[0]  # noqa: E731
+    assert id(root("ew_add_body_left")) in fixed and id(root("ew_add_body_right")) in fixed  # each other's mirror
+    assert id(root("ew_mul_bodies")) in fixed  # its own mirror
+    assert id(root("matmul_bias")) not in fixed  # Add(bias, MatMul(a, w)) is spelled by no rule
+
+
 def test_expression_bodies_parse_and_evaluate():
     x, y = np.array([-2.0, 3.0]), np.array([1.0, 1.0])
     np.testing.assert_allclose(evaluate_expr("relu(add(x0, mul(x1, -0.5)))", [x, y]), [0.0, 2.5])

@@ -72,6 +72,9 @@ class OpDef:
             (``keys``, e-classes) per input, which inputs to keep in which order and the
             attributes that go with them. Rewriting builds nodes through it, so that the
             forms become one e-node (``Elementwise`` sorts its inputs).
+        commutative: a two-input node computes the same with its inputs swapped (``Add``,
+            ``Mul``, ``Max``...): a rule's pattern ``Add(MatMul(a, w), bias)`` then also
+            matches ``Add(bias, MatMul(a, w))`` (see :mod:`egraft.rewrite.match`).
     """
 
     name: str
@@ -85,6 +88,7 @@ class OpDef:
     work: Callable | None = None
     folded_only: bool = False
     canonical: Callable | None = None
+    commutative: bool = False
 
     @property
     def is_standard(self) -> bool:
@@ -121,10 +125,11 @@ def register_op(
     onnx_function: Callable | None = None,
     folded_only: bool = False,
     canonical: Callable | None = None,
+    commutative: bool = False,
 ) -> OpDef:
     """Add an op to the registry (or replace its entry) and return its definition."""
     op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function, folded_only=folded_only,
-               canonical=canonical)
+               canonical=canonical, commutative=commutative)
     _REGISTRY[(domain, name)] = op
     return op
 

@@ -33,7 +33,7 @@ from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
 from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
-from egraft.rewrite.match import MATCHED, EClassId, Matcher, pattern_depth, required_constants
+from egraft.rewrite.match import MATCHED, EClassId, Matcher, fixed_order_nodes, pattern_depth, required_constants
 
 #: A round's flush may run past the deadline by this share of the budget, no more.
 FLUSH_GRACE = 0.1
@@ -142,6 +142,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     # Inception's parallel convolutions, each matched the same as before and joined the same).
     depth = {r.name: tuple(pattern_depth(root) for root in r.roots) for r in rules if incremental}
     constants = {r.name: required_constants(r) for r in rules}  # what matching may skip early
+    fixed_order = fixed_order_nodes(rules)  # commutative nodes whose other order a rule spells
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
     changed_since: list[set[int]] = [set()]  # per snapshot: first handles of the e-classes it changed
     nodes_before = snapshot.num_nodes
@@ -155,7 +156,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     for iteration in range(1, budget.iterations + 1):
         changed = False
         any_banned = False
-        matcher = Matcher(snapshot, opset)
+        matcher = Matcher(snapshot, opset, fixed_order)
         evaluator = Evaluator(state, snapshot, opset, fresh)
         regions: dict[tuple[int, int], set[int]] = {}
         current = len(changed_since) - 1

@@ -4,6 +4,14 @@ A substitution maps pattern variables to e-classes (tensor variables), to lists 
 e-classes (``xs...``), to attribute values (``{epsilon = eps}``) or to attribute dicts
 (``{attrs}``). Roots are matched in order; a later root must agree with the variables
 earlier roots bound (multi-root rules join on shared variables).
+
+A two-input node of a commutative op (``OpDef.commutative``: Add, Mul, Max...) matches
+its pattern in both input orders, so ``Add(MatMul(a, w), bias)`` also finds
+``Add(bias, MatMul(a, w))``, as PyTorch exports a linear layer. Where the rule set
+already spells the other order (a rule whose pattern is this one with that node's inputs
+swapped, or this very rule when its pattern is symmetric there), the node is matched in
+its written order only (:func:`fixed_order_nodes`): the elementwise fusion rules, written
+in both orders, would otherwise build each fused body twice over.
 """
 
 from __future__ import annotations
@@ -59,9 +67,11 @@ def _same_attrs(a: dict, b: dict, op: str, domain: str, opset: int) -> bool:
 class Matcher:
     """Matches patterns against one snapshot. ``opset`` gives attribute defaults."""
 
-    def __init__(self, snapshot: Snapshot, opset: int):
+    def __init__(self, snapshot: Snapshot, opset: int, fixed_order: frozenset[int] = frozenset()):
         self.snap = snapshot
         self.opset = opset
+        #: the pattern nodes (by ``id``) matched in their written input order only
+        self.fixed_order = fixed_order
         self._parents: dict[int, set[int]] | None = None
         self._candidates: dict[tuple[str | None, int], list[int]] = {}
         #: the variables the rule being matched requires constant (:func:`required_constants`)
@@ -150,6 +160,19 @@ class Matcher:
                 return  # the guard's const() would refuse it
             base[pattern.rest] = list(map(EClassId, rest))
         yield from self._match_args(list(args), padded[:len(args)], base)
+        if self._swaps(pattern, node, padded):
+            yield from self._match_args(list(args), [padded[1], padded[0]], base)
+
+    def _swaps(self, pattern: POp, node: ENode, children: list) -> bool:
+        """Whether a two-input commutative node is matched with its inputs swapped too: when
+        they differ and the pattern's arguments are not both plain variables (those bind the
+        other way round, which a rule written for one order does not need)."""
+        if len(pattern.args) != 2 or pattern.rest is not None or len(children) != 2 or children[0] == children[1]:
+            return False
+        if id(pattern) in self.fixed_order or all(isinstance(a, PVar) for a in pattern.args):
+            return False
+        opdef = get_op(node.op, node.domain)
+        return opdef is not None and opdef.commutative
 
     def _match_args(self, patterns: list, classes: list, subst: Subst) -> Iterator[Subst]:
         if not patterns:
@@ -336,3 +359,54 @@ class _Search:
         self.names = [ROOT.format(i) for i in order]  # each root's own name, whatever the order
         self.single_root = len(rule.roots) == 1
         self.results: list[Subst] = []
+
+
+def _is_commutative_pair(p: POp) -> bool:
+    opdef = get_op(p.op, p.domain) if p.op is not None else None
+    return opdef is not None and opdef.commutative and len(p.args) == 2 and p.rest is None \
+        and not all(isinstance(a, PVar) for a in p.args)
+
+
+def _pattern_key(roots: Sequence, swapped: POp | None = None) -> str:
+    """The roots' structure with variables renamed in order of appearance (so that two rules
+    that differ only in names give one key), ``swapped``'s inputs taken in the other order."""
+    names: dict[str, str] = {}
+
+    def name(n: str | None) -> str:
+        if n is None or n == "_":
+            return str(n)
+        return names.setdefault(n, f"v{len(names)}")
+
+    def walk(p) -> str:
+        if isinstance(p, PVar):
+            return name(p.name)
+        args = list(p.args)
+        if p is swapped:
+            args.reverse()
+        attrs = ",".join(f"{a.name}={a.literal!r}" if a.var is None else f"{a.name}={name(a.var)}"
+                         for a in sorted(p.attrs, key=lambda a: a.name))
+        inner = ",".join(walk(a) for a in args)
+        return (f"{name(p.bind)}={p.domain}::{p.op}[{p.output}]({inner};{name(p.rest)})"
+                f"{{{attrs};{name(p.attrs_rest)}}}")
+
+    return "|".join(walk(r) for r in roots)
+
+
+def fixed_order_nodes(rules: Sequence[Rule]) -> frozenset[int]:
+    """The commutative pattern nodes (by ``id``) whose other input order the rule set spells
+    already: a rule of the same pattern with that node's inputs swapped (``ew_add_body_left``
+    and ``ew_add_body_right``), or the rule itself when swapping gives its own pattern
+    (``Mul(Elementwise(xs...), Elementwise(ys...))``). The matcher tries both orders only at
+    the other commutative nodes."""
+    keys = {_pattern_key(r.roots) for r in rules}
+    fixed = set()
+    for rule in rules:
+        stack = list(rule.roots)
+        while stack:
+            p = stack.pop()
+            if isinstance(p, PVar):
+                continue
+            stack.extend(p.args)
+            if _is_commutative_pair(p) and _pattern_key(rule.roots, swapped=p) in keys:
+                fixed.add(id(p))
+    return frozenset(fixed)
