@@ -484,6 +484,31 @@ def test_layer_normalization_of_a_constant_row_is_exactly_zero():
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.usefixtures("split_every_parallel_kernel")
+@pytest.mark.parametrize("rows", [4, 13, 30])
+@pytest.mark.parametrize("mask_shape", [None, (1, 1, 1, 70), (1, 2, 1, 70)])
+def test_attention_query_rows_in_blocks_at_one_and_two_threads(rows, mask_shape):
+    """The heads of a transformer take query rows four at a time, the rows left over one by
+    one, and each thread's share of rows does the same: 70 keys are four vectors of 16, a
+    vector of 8 and 6 one at a time (AVX2 or AVX-512); the mask per row or broadcast."""
+    q, kt, v = _f32(1, 2, rows, 32), _f32(1, 2, 32, 70), _f32(1, 2, 70, 32)
+    shape = mask_shape and (mask_shape[:2] + (rows,) + mask_shape[3:] if mask_shape[1] == 2 else mask_shape)
+    mask = None if shape is None else np.where(RNG.random(shape) < 0.2, -1e4, RNG.normal(size=shape)).astype(np.float32)
+    values = {"Q": q, "Kt": kt, "V": v, "mask": mask}
+    graph_inputs = [Value(k, TensorType(DType.FLOAT32, a.shape)) for k, a in values.items() if a is not None]
+    y = Value("y", TensorType(DType.FLOAT32, (1, 2, rows, 32)))
+    graph = Graph("g", graph_inputs, [y], [Node("Attention", tuple(graph_inputs), (y,), {"scale": 0.3},
+                                               domain="com.egraft")], opsets={"": 17, "com.egraft": 1})
+    compiled = compile_graph(graph)
+    s = q.astype(np.float64) @ kt * 0.3 + (0 if mask is None else mask)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ v
+    for threads in (1, 2):
+        compiled.threads = threads
+        got = compiled.run({k: a for k, a in values.items() if a is not None})["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_fused_attention_row_with_a_nan_score_is_nan_and_others_are_not():
     """A NaN in one query's scores (a NaN in Q) makes that row's outputs NaN, as the
     reference softmax does; the vectorized row max may skip it, its exp still reaches the sum."""

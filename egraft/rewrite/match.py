@@ -367,29 +367,32 @@ def _is_commutative_pair(p: POp) -> bool:
         and not all(isinstance(a, PVar) for a in p.args)
 
 
+def _renamed(names: dict[str, str], n: str | None) -> str:
+    if n is None or n == "_":
+        return str(n)
+    return names.setdefault(n, f"v{len(names)}")
+
+
+def _pattern_text(p, names: dict[str, str], swapped: POp | None) -> str:
+    """``p``'s structure, its variables renamed in order of appearance (a module function,
+    not a self-calling closure: that would make a reference cycle per call)."""
+    if isinstance(p, PVar):
+        return _renamed(names, p.name)
+    args = list(p.args)
+    if p is swapped:
+        args.reverse()
+    attrs = ",".join(f"{a.name}={a.literal!r}" if a.var is None else f"{a.name}={_renamed(names, a.var)}"
+                     for a in sorted(p.attrs, key=lambda a: a.name))
+    inner = ",".join(_pattern_text(a, names, swapped) for a in args)
+    return (f"{_renamed(names, p.bind)}={p.domain}::{p.op}[{p.output}]({inner};{_renamed(names, p.rest)})"
+            f"{{{attrs};{_renamed(names, p.attrs_rest)}}}")
+
+
 def _pattern_key(roots: Sequence, swapped: POp | None = None) -> str:
     """The roots' structure with variables renamed in order of appearance (so that two rules
     that differ only in names give one key), ``swapped``'s inputs taken in the other order."""
     names: dict[str, str] = {}
-
-    def name(n: str | None) -> str:
-        if n is None or n == "_":
-            return str(n)
-        return names.setdefault(n, f"v{len(names)}")
-
-    def walk(p) -> str:
-        if isinstance(p, PVar):
-            return name(p.name)
-        args = list(p.args)
-        if p is swapped:
-            args.reverse()
-        attrs = ",".join(f"{a.name}={a.literal!r}" if a.var is None else f"{a.name}={name(a.var)}"
-                         for a in sorted(p.attrs, key=lambda a: a.name))
-        inner = ",".join(walk(a) for a in args)
-        return (f"{name(p.bind)}={p.domain}::{p.op}[{p.output}]({inner};{name(p.rest)})"
-                f"{{{attrs};{name(p.attrs_rest)}}}")
-
-    return "|".join(walk(r) for r in roots)
+    return "|".join(_pattern_text(r, names, swapped) for r in roots)
 
 
 def fixed_order_nodes(rules: Sequence[Rule]) -> frozenset[int]:

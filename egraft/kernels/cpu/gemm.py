@@ -590,9 +590,11 @@ def fused_gemm(ctx: KernelContext) -> None:
 # ---- Attention ------------------------------------------------------------------------------------
 @register_kernel("Attention", domain="com.egraft")
 def attention(ctx: KernelContext) -> None:
-    """``Softmax(scale * Q @ Kt + mask, axis=-1) @ V`` one query row at a time: the row of
-    scores lives in a heap buffer of T elements, each loop runs over a contiguous axis
-    (T for the scores, Dv for the output row).
+    """``Softmax(scale * Q @ Kt + mask, axis=-1) @ V``: the rows of scores live in a heap
+    buffer of :data:`QUERY_ROWS` x T elements, each loop runs over a contiguous axis (T for
+    the scores, Dv for the output row). With Kt's rows contiguous, D and Dv known (a
+    transformer's heads), :data:`QUERY_ROWS` query rows at a time (:func:`_attention_rows`),
+    so that each load of a key or of a value row serves them all; otherwise one at a time.
 
     Example: ``Q: f32[B, H, S, 64]``, ``Kt: f32[B, H, 64, T]``, ``V: f32[B, H, T, 64]``,
     ``mask: f32[S, T]`` (read with batch strides 0).
@@ -618,7 +620,7 @@ def attention(ctx: KernelContext) -> None:
     scale = ir.Constant(t, float(ctx.attr("scale", 1.0)))
     zero = ir.Constant(t, 0.0)
     t_ = ctx.dim(t_len)
-    scores = heap_buffer(ctx, t, t_)
+    scores = heap_buffer(ctx, t, ctx.builder.mul(t_, ir.Constant(I64, QUERY_ROWS)))
     best, total = ctx.alloca(t, name="max"), ctx.alloca(t, name="sum")
     strides = [st[:-2] for st in (q, kt, v, mask, out)]
     rows_lo, rows_hi = ctx.share(ctx.dim(s_len))  # query rows are independent: split over threads
@@ -631,163 +633,245 @@ def attention(ctx: KernelContext) -> None:
     # the scores a vector of keys at a time when Kt's rows are contiguous and D is known
     vector_scores = t == F32 and isinstance(d_len, int) and d_len <= 128 and dim_is(kt[-1], 1) \
         and (pm is None or dim_is(mask[-1], 1) or dim_is(mask[-1], 0))
-    with strided_loops(ctx, batch, strides) as (q_off, kt_off, v_off, mask_off, out_off):
-        with ctx.loop(rows_hi, name="s", start=rows_lo) as s:
-            q_row = offset_of(ctx, q_off, (s, q[-2]))
-            mask_row = offset_of(ctx, mask_off, (s, mask[-2]))
-            if vector_scores:
-                _vector_softmax_scores(ctx, t, lanes, scores, t_, (pq, q_row, q[-1], d_len), (pk, kt_off, kt[-2]),
-                                       (pm, mask_row, mask[-1]), scale, best, total)
-            else:
-                with ctx.loop(t_, name="t0") as j:
-                    store_at(ctx, zero, scores, j)
-                with ctx.loop(ctx.dim(d_len), name="d") as d:
-                    qv = load_at(ctx, pq, offset_of(ctx, q_row, (d, q[-1])))
-                    kt_row = offset_of(ctx, kt_off, (d, kt[-2]))
-                    with ctx.loop(t_, name="t1") as j:
-                        acc = load_at(ctx, scores, j)
-                        key = load_at(ctx, pk, offset_of(ctx, kt_row, (j, kt[-1])))
-                        store_at(ctx, _fma(ctx, qv, key, acc), scores, j)
-                bld.store(ir.Constant(t, float("-inf")), best)
-                with ctx.loop(t_, name="t2") as j:
-                    x = bld.fmul(load_at(ctx, scores, j), scale)
-                    if pm is not None:
-                        x = bld.fadd(x, load_at(ctx, pm, offset_of(ctx, mask_row, (j, mask[-1]))))
-                    store_at(ctx, x, scores, j)
-                    bld.store(ctx.math.maximum(bld.load(best), x), best)
-                bld.store(zero, total)
-                with ctx.loop(t_, name="t3") as j:
-                    e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
-                    store_at(ctx, e, scores, j)
-                    bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
-            out_row = offset_of(ctx, out_off, (s, out[-2]))
-            if registers:  # sum p_j * V[j] unnormalized in registers, then one multiply by 1 / total
-                vt = ir.VectorType(t, out_lanes)
-                width = dv_len // out_lanes
-                copies = max(1, 8 // width)  # keys per step, each into its own accumulators (latency)
-                slots = [[ctx.alloca(vt, name=f"out{c}_{k}") for k in range(width)] for c in range(copies)]
-                for slot in (x for per_copy in slots for x in per_copy):
-                    bld.store(ir.Constant(vt, [0.0] * out_lanes), slot)
+    if vector_scores and registers:  # QUERY_ROWS rows at a time, then the rows left one by one
+        with strided_loops(ctx, batch, strides) as (q_off, kt_off, v_off, mask_off, out_off):
+            operands = (pq, q, d_len, pk, kt, pv, v, pm, mask, py, out, scale, lanes, out_lanes)
+            offsets = (q_off, kt_off, v_off, mask_off, out_off)
+            count = bld.sub(rows_hi, rows_lo)
+            blocks = bld.sdiv(count, ir.Constant(I64, QUERY_ROWS))
+            with ctx.loop(blocks, name="sb") as sb:
+                first = bld.add(rows_lo, bld.mul(sb, ir.Constant(I64, QUERY_ROWS)))
+                _attention_rows(ctx, t, [bld.add(first, ir.Constant(I64, r)) for r in range(QUERY_ROWS)],
+                                scores, t_, operands, offsets, dv_len)
+            with ctx.loop(rows_hi, name="s1", start=bld.add(rows_lo, bld.mul(blocks, ir.Constant(I64, QUERY_ROWS)))) \
+                    as s:
+                _attention_rows(ctx, t, [s], scores, t_, operands, offsets, dv_len)
+    else:
+        with strided_loops(ctx, batch, strides) as (q_off, kt_off, v_off, mask_off, out_off):
+            with ctx.loop(rows_hi, name="s", start=rows_lo) as s:
+                q_row = offset_of(ctx, q_off, (s, q[-2]))
+                mask_row = offset_of(ctx, mask_off, (s, mask[-2]))
+                if vector_scores:
+                    _vector_softmax_scores(ctx, t, lanes, [scores], t_, (pq, [q_row], q[-1], d_len),
+                                           (pk, kt_off, kt[-2]), (pm, [mask_row], mask[-1]), scale, [best], [total])
+                else:
+                    with ctx.loop(t_, name="t0") as j:
+                        store_at(ctx, zero, scores, j)
+                    with ctx.loop(ctx.dim(d_len), name="d") as d:
+                        qv = load_at(ctx, pq, offset_of(ctx, q_row, (d, q[-1])))
+                        kt_row = offset_of(ctx, kt_off, (d, kt[-2]))
+                        with ctx.loop(t_, name="t1") as j:
+                            acc = load_at(ctx, scores, j)
+                            key = load_at(ctx, pk, offset_of(ctx, kt_row, (j, kt[-1])))
+                            store_at(ctx, _fma(ctx, qv, key, acc), scores, j)
+                    bld.store(ir.Constant(t, float("-inf")), best)
+                    with ctx.loop(t_, name="t2") as j:
+                        x = bld.fmul(load_at(ctx, scores, j), scale)
+                        if pm is not None:
+                            x = bld.fadd(x, load_at(ctx, pm, offset_of(ctx, mask_row, (j, mask[-1]))))
+                        store_at(ctx, x, scores, j)
+                        bld.store(ctx.math.maximum(bld.load(best), x), best)
+                    bld.store(zero, total)
+                    with ctx.loop(t_, name="t3") as j:
+                        e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
+                        store_at(ctx, e, scores, j)
+                        bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
+                out_row = offset_of(ctx, out_off, (s, out[-2]))
+                if registers:  # sum p_j * V[j] unnormalized in registers, then one multiply by 1 / total
+                    vt = ir.VectorType(t, out_lanes)
+                    width = dv_len // out_lanes
+                    copies = max(1, 8 // width)  # keys per step, each into its own accumulators (latency)
+                    slots = [[ctx.alloca(vt, name=f"out{c}_{k}") for k in range(width)] for c in range(copies)]
+                    for slot in (x for per_copy in slots for x in per_copy):
+                        bld.store(ir.Constant(vt, [0.0] * out_lanes), slot)
 
-                def add_key(j: ir.Value, into: list) -> None:
-                    p = splat(bld, load_at(ctx, scores, j), out_lanes)
-                    v_row = offset_of(ctx, v_off, (j, v[-2]))
-                    for k, slot in enumerate(into):
-                        at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * out_lanes))])
-                        vv = bld.load(bld.bitcast(at, vt.as_pointer()), align=4)
-                        bld.store(_fma(ctx, p, vv, bld.load(slot)), slot)
+                    def add_key(j: ir.Value, into: list) -> None:
+                        p = splat(bld, load_at(ctx, scores, j), out_lanes)
+                        v_row = offset_of(ctx, v_off, (j, v[-2]))
+                        for k, slot in enumerate(into):
+                            at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * out_lanes))])
+                            vv = bld.load(bld.bitcast(at, vt.as_pointer()), align=4)
+                            bld.store(_fma(ctx, p, vv, bld.load(slot)), slot)
 
-                steps = bld.sdiv(t_, ir.Constant(I64, copies))
-                with ctx.loop(steps, name="t5") as jj:
-                    for c in range(copies):
-                        add_key(bld.add(bld.mul(jj, ir.Constant(I64, copies)), ir.Constant(I64, c)), slots[c])
-                with ctx.loop(t_, name="t6", start=bld.mul(steps, ir.Constant(I64, copies))) as j:
-                    add_key(j, slots[0])
-                inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), out_lanes)
-                for k in range(width):
-                    value = bld.load(slots[0][k])
-                    for c in range(1, copies):
-                        value = bld.fadd(value, bld.load(slots[c][k]))
-                    at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * out_lanes))])
-                    bld.store(bld.fmul(value, inverse), bld.bitcast(at, vt.as_pointer()), align=4)
-            else:
-                with ctx.loop(t_, name="t4") as j:
-                    store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
-                dv_ = ctx.dim(dv_len)
-                with ctx.loop(dv_, name="v0") as c:
-                    store_at(ctx, zero, py, bld.add(out_row, c))
-                with ctx.loop(t_, name="t5") as j:
-                    p = load_at(ctx, scores, j)
-                    v_row = offset_of(ctx, v_off, (j, v[-2]))
-                    with ctx.loop(dv_, name="v1") as c:
-                        where = bld.add(out_row, c)
-                        acc = load_at(ctx, py, where)
-                        store_at(ctx, _fma(ctx, p, load_at(ctx, pv, offset_of(ctx, v_row, (c, v[-1]))), acc), py,
-                                 where)
+                    steps = bld.sdiv(t_, ir.Constant(I64, copies))
+                    with ctx.loop(steps, name="t5") as jj:
+                        for c in range(copies):
+                            add_key(bld.add(bld.mul(jj, ir.Constant(I64, copies)), ir.Constant(I64, c)), slots[c])
+                    with ctx.loop(t_, name="t6", start=bld.mul(steps, ir.Constant(I64, copies))) as j:
+                        add_key(j, slots[0])
+                    inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), out_lanes)
+                    for k in range(width):
+                        value = bld.load(slots[0][k])
+                        for c in range(1, copies):
+                            value = bld.fadd(value, bld.load(slots[c][k]))
+                        at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * out_lanes))])
+                        bld.store(bld.fmul(value, inverse), bld.bitcast(at, vt.as_pointer()), align=4)
+                else:
+                    with ctx.loop(t_, name="t4") as j:
+                        store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
+                    dv_ = ctx.dim(dv_len)
+                    with ctx.loop(dv_, name="v0") as c:
+                        store_at(ctx, zero, py, bld.add(out_row, c))
+                    with ctx.loop(t_, name="t5") as j:
+                        p = load_at(ctx, scores, j)
+                        v_row = offset_of(ctx, v_off, (j, v[-2]))
+                        with ctx.loop(dv_, name="v1") as c:
+                            where = bld.add(out_row, c)
+                            acc = load_at(ctx, py, where)
+                            store_at(ctx, _fma(ctx, p, load_at(ctx, pv, offset_of(ctx, v_row, (c, v[-1]))), acc), py,
+                                     where)
     heap_free(ctx, scores)
 
-def _vector_softmax_scores(ctx: KernelContext, t: ir.Type, lanes: int, scores: ir.Value, t_: ir.Value, q_row,
-                           kt_rows, mask_row, scale: ir.Value, best: ir.Value, total: ir.Value) -> None:
-    """One query row's ``exp(scale * q @ Kt + mask - max)`` into ``scores`` (T floats), the max
-    into ``best`` and the sum into ``total``: ``lanes`` keys at a time (the dot products over
-    D accumulated in a register, one broadcast of q[d] and one load of Kt's row d each), the
-    keys past the last whole vector one at a time. The max may skip a NaN score: the NaN
-    reaches the sum through its own exp, and every output of the row is NaN as it must be."""
-    bld = ctx.builder
-    pq, q_at, q_step, d_len = q_row
-    pk, kt_at, kt_row_stride = kt_rows
-    pm, mask_at, mask_step = mask_row
-    vt = ir.VectorType(t, lanes)
-    qs = [load_at(ctx, pq, offset_of(ctx, q_at, (ir.Constant(I64, d), q_step))) for d in range(d_len)]
-    vectors = bld.sdiv(t_, ir.Constant(I64, lanes))
-    vbest = ctx.alloca(vt, name="vmax")
-    bld.store(ir.Constant(vt, [float("-inf")] * lanes), vbest)
+#: Query rows the attention kernel computes together: each load of a key (or of a value row)
+#: serves them all (one row at a time, every multiply-add loaded its own key).
+QUERY_ROWS = 4
 
-    def keys(j0: ir.Value, width: int, count: int = 1) -> list[ir.Value]:
-        """The scaled, masked scores of ``count`` groups of ``width`` keys from ``j0`` (vectors,
-        or scalars when ``width`` is 1): ``count`` independent multiply-add chains over D."""
+
+def _attention_rows(ctx: KernelContext, t: ir.Type, rows: list[ir.Value], scores: ir.Value, t_: ir.Value,
+                    operands: tuple, offsets: tuple, dv_len: int) -> None:
+    """Attention for the query rows ``rows`` (of one batch entry) together: their scores a
+    vector of keys at a time (:func:`_vector_softmax_scores`), then ``sum_j p[r, j] * V[j]``
+    with the output rows in registers, each row of V loaded once for all of them."""
+    bld = ctx.builder
+    pq, q, d_len, pk, kt, pv, v, pm, mask, py, out, scale, lanes, out_lanes = operands
+    q_off, kt_off, v_off, mask_off, out_off = offsets
+    n = len(rows)
+    row_scores = [bld.gep(scores, [bld.mul(t_, ir.Constant(I64, r))]) for r in range(n)]
+    bests = [ctx.alloca(t, name=f"max{r}") for r in range(n)]
+    totals = [ctx.alloca(t, name=f"sum{r}") for r in range(n)]
+    q_rows = [offset_of(ctx, q_off, (s, q[-2])) for s in rows]
+    mask_rows = [offset_of(ctx, mask_off, (s, mask[-2])) for s in rows]
+    _vector_softmax_scores(ctx, t, lanes, row_scores, t_, (pq, q_rows, q[-1], d_len), (pk, kt_off, kt[-2]),
+                           (pm, mask_rows, mask[-1]), scale, bests, totals)
+    vt = ir.VectorType(t, out_lanes)
+    width = dv_len // out_lanes
+    copies = max(1, 8 // (width * n))  # keys per step, each into its own accumulators (latency)
+    slots = [[[ctx.alloca(vt, name=f"out{c}_{r}_{k}") for k in range(width)] for r in range(n)] for c in range(copies)]
+    for slot in (x for per_copy in slots for per_row in per_copy for x in per_row):
+        bld.store(ir.Constant(vt, [0.0] * out_lanes), slot)
+
+    def add_key(j: ir.Value, into: list) -> None:
+        v_row = offset_of(ctx, v_off, (j, v[-2]))
+        values = [bld.load(bld.bitcast(bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * out_lanes))]),
+                                       vt.as_pointer()), align=4) for k in range(width)]
+        for r in range(n):
+            p = splat(bld, load_at(ctx, row_scores[r], j), out_lanes)
+            for k, slot in enumerate(into[r]):
+                bld.store(_fma(ctx, p, values[k], bld.load(slot)), slot)
+
+    steps = bld.sdiv(t_, ir.Constant(I64, copies))
+    with ctx.loop(steps, name="t5") as jj:
+        for c in range(copies):
+            add_key(bld.add(bld.mul(jj, ir.Constant(I64, copies)), ir.Constant(I64, c)), slots[c])
+    with ctx.loop(t_, name="t6", start=bld.mul(steps, ir.Constant(I64, copies))) as j:
+        add_key(j, slots[0])
+    for r, s in enumerate(rows):
+        inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(totals[r])), out_lanes)
+        out_row = offset_of(ctx, out_off, (s, out[-2]))
+        for k in range(width):
+            value = bld.load(slots[0][r][k])
+            for c in range(1, copies):
+                value = bld.fadd(value, bld.load(slots[c][r][k]))
+            at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * out_lanes))])
+            bld.store(bld.fmul(value, inverse), bld.bitcast(at, vt.as_pointer()), align=4)
+
+
+def _vector_softmax_scores(ctx: KernelContext, t: ir.Type, lanes: int, scores: list[ir.Value], t_: ir.Value, q_rows,
+                           kt_rows, mask_rows, scale: ir.Value, best: list[ir.Value], total: list[ir.Value]) -> None:
+    """Query rows' ``exp(scale * q @ Kt + mask - max)``, row ``r`` into ``scores[r]`` (T floats),
+    its max into ``best[r]`` and its sum into ``total[r]``: ``lanes`` keys at a time (the dot
+    products over D accumulated in registers; each load of Kt's row d serves every query
+    row, each broadcast of q[r, d] every vector of keys), the keys past the last whole vector
+    one at a time. The max may skip a NaN score: the NaN reaches the sum through its own exp,
+    and every output of the row is NaN as it must be."""
+    bld = ctx.builder
+    pq, q_ats, q_step, d_len = q_rows
+    pk, kt_at, kt_row_stride = kt_rows
+    pm, mask_ats, mask_step = mask_rows
+    n = len(scores)
+    vt = ir.VectorType(t, lanes)
+    qs = [[load_at(ctx, pq, offset_of(ctx, q_at, (ir.Constant(I64, d), q_step))) for d in range(d_len)]
+          for q_at in q_ats]
+    vectors = bld.sdiv(t_, ir.Constant(I64, lanes))
+    vbests = [ctx.alloca(vt, name=f"vmax{r}") for r in range(n)]
+    for vbest in vbests:
+        bld.store(ir.Constant(vt, [float("-inf")] * lanes), vbest)
+
+    def keys(j0: ir.Value, width: int, count: int = 1) -> list[list[ir.Value]]:
+        """The scaled, masked scores of ``count`` groups of ``width`` keys from ``j0`` for each
+        row (vectors, or scalars when ``width`` is 1): ``n * count`` independent multiply-add
+        chains over D."""
         zero_acc = ir.Constant(vt, [0.0] * lanes) if width > 1 else ir.Constant(t, 0.0)
-        accs = [zero_acc] * count
+        accs = [[zero_acc] * count for _ in range(n)]
         starts = [bld.add(j0, ir.Constant(I64, u * width)) for u in range(count)]
         for d in range(d_len):
             row = offset_of(ctx, kt_at, (ir.Constant(I64, d), kt_row_stride))
-            q_d = splat(bld, qs[d], lanes) if width > 1 else qs[d]
+            q_d = [splat(bld, qs[r][d], lanes) if width > 1 else qs[r][d] for r in range(n)]
             for u in range(count):
                 at = bld.gep(pk, [bld.add(row, starts[u])])
                 key = bld.load(bld.bitcast(at, vt.as_pointer()), align=4) if width > 1 else bld.load(at)
-                accs[u] = _fma(ctx, q_d, key, accs[u])
+                for r in range(n):
+                    accs[r][u] = _fma(ctx, q_d[r], key, accs[r][u])
         out = []
-        for u in range(count):
-            x = bld.fmul(accs[u], splat(bld, scale, lanes) if width > 1 else scale)
-            if pm is not None:
-                if dim_is(mask_step, 0):
-                    m = load_at(ctx, pm, mask_at)
-                    m = splat(bld, m, lanes) if width > 1 else m
-                else:
-                    at = bld.gep(pm, [bld.add(mask_at, starts[u])])
-                    m = bld.load(bld.bitcast(at, vt.as_pointer()), align=4) if width > 1 else bld.load(at)
-                x = bld.fadd(x, m)
-            out.append(x)
+        for r in range(n):
+            per_row = []
+            for u in range(count):
+                x = bld.fmul(accs[r][u], splat(bld, scale, lanes) if width > 1 else scale)
+                if pm is not None:
+                    if dim_is(mask_step, 0):
+                        m = load_at(ctx, pm, mask_ats[r])
+                        m = splat(bld, m, lanes) if width > 1 else m
+                    else:
+                        at = bld.gep(pm, [bld.add(mask_ats[r], starts[u])])
+                        m = bld.load(bld.bitcast(at, vt.as_pointer()), align=4) if width > 1 else bld.load(at)
+                    x = bld.fadd(x, m)
+                per_row.append(x)
+            out.append(per_row)
         return out
 
     def vector_block(j0: ir.Value, count: int) -> None:
-        for u, x in enumerate(keys(j0, lanes, count)):
-            at = bld.gep(scores, [bld.add(j0, ir.Constant(I64, u * lanes))])
-            bld.store(x, bld.bitcast(at, vt.as_pointer()), align=4)
-            bld.store(_larger(bld, bld.load(vbest), x), vbest)
+        for r, per_row in enumerate(keys(j0, lanes, count)):
+            for u, x in enumerate(per_row):
+                at = bld.gep(scores[r], [bld.add(j0, ir.Constant(I64, u * lanes))])
+                bld.store(x, bld.bitcast(at, vt.as_pointer()), align=4)
+                bld.store(_larger(bld, bld.load(vbests[r]), x), vbests[r])
 
-    unroll = 4  # vectors of keys per step: independent chains hide the multiply-add latency
+    # vectors of keys per step: independent chains hide the multiply-add latency (with several
+    # rows, fewer: their accumulators and the keys must stay in registers)
+    unroll = 4 if n == 1 else (2 if lanes >= 16 else 1)
     blocks = bld.sdiv(vectors, ir.Constant(I64, unroll))
     with ctx.loop(blocks, name="kb") as jb:
         vector_block(bld.mul(jb, ir.Constant(I64, unroll * lanes)), unroll)
     with ctx.loop(vectors, name="kv", start=bld.mul(blocks, ir.Constant(I64, unroll))) as jv:
         vector_block(bld.mul(jv, ir.Constant(I64, lanes)), 1)
-    folded = bld.load(vbest)
-    value = bld.extract_element(folded, ir.Constant(ir.IntType(32), 0))
-    for i in range(1, lanes):
-        value = _larger(bld, value, bld.extract_element(folded, ir.Constant(ir.IntType(32), i)))
-    bld.store(value, best)
+    for r in range(n):
+        folded = bld.load(vbests[r])
+        value = bld.extract_element(folded, ir.Constant(ir.IntType(32), 0))
+        for i in range(1, lanes):
+            value = _larger(bld, value, bld.extract_element(folded, ir.Constant(ir.IntType(32), i)))
+        bld.store(value, best[r])
     with ctx.loop(t_, name="kt", start=bld.mul(vectors, ir.Constant(I64, lanes))) as j:
-        x = keys(j, 1)[0]
-        store_at(ctx, x, scores, j)
-        bld.store(_larger(bld, bld.load(best), x), best)
-    vsum = ctx.alloca(vt, name="vsum")
-    bld.store(ir.Constant(vt, [0.0] * lanes), vsum)
-    top = splat(bld, bld.load(best), lanes)
-    with ctx.loop(vectors, name="ev") as jv:
-        at = bld.bitcast(bld.gep(scores, [bld.mul(jv, ir.Constant(I64, lanes))]), vt.as_pointer())
-        e = ctx.math.exp(bld.fsub(bld.load(at, align=4), top))
-        bld.store(e, at, align=4)
-        bld.store(bld.fadd(bld.load(vsum), e), vsum)
-    folded = bld.load(vsum)
-    value = bld.extract_element(folded, ir.Constant(ir.IntType(32), 0))
-    for i in range(1, lanes):
-        value = bld.fadd(value, bld.extract_element(folded, ir.Constant(ir.IntType(32), i)))
-    bld.store(value, total)
-    with ctx.loop(t_, name="et", start=bld.mul(vectors, ir.Constant(I64, lanes))) as j:
-        e = ctx.math.exp(bld.fsub(load_at(ctx, scores, j), bld.load(best)))
-        store_at(ctx, e, scores, j)
-        bld.store(bld.fadd(bld.load(total), e), total)
+        for r, per_row in enumerate(keys(j, 1)):
+            store_at(ctx, per_row[0], scores[r], j)
+            bld.store(_larger(bld, bld.load(best[r]), per_row[0]), best[r])
+    for r in range(n):
+        vsum = ctx.alloca(vt, name=f"vsum{r}")
+        bld.store(ir.Constant(vt, [0.0] * lanes), vsum)
+        top = splat(bld, bld.load(best[r]), lanes)
+        with ctx.loop(vectors, name="ev") as jv:
+            at = bld.bitcast(bld.gep(scores[r], [bld.mul(jv, ir.Constant(I64, lanes))]), vt.as_pointer())
+            e = ctx.math.exp(bld.fsub(bld.load(at, align=4), top))
+            bld.store(e, at, align=4)
+            bld.store(bld.fadd(bld.load(vsum), e), vsum)
+        folded = bld.load(vsum)
+        value = bld.extract_element(folded, ir.Constant(ir.IntType(32), 0))
+        for i in range(1, lanes):
+            value = bld.fadd(value, bld.extract_element(folded, ir.Constant(ir.IntType(32), i)))
+        bld.store(value, total[r])
+        with ctx.loop(t_, name="et", start=bld.mul(vectors, ir.Constant(I64, lanes))) as j:
+            e = ctx.math.exp(bld.fsub(load_at(ctx, scores[r], j), bld.load(best[r])))
+            store_at(ctx, e, scores[r], j)
+            bld.store(bld.fadd(bld.load(total[r]), e), total[r])
 
 
 def _larger(bld: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
