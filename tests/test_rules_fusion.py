@@ -129,6 +129,30 @@ def test_bias_first_linear_layer_and_its_gelu_are_one_product(gelu_order):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_batchnorm_of_a_concatenation_is_one_elementwise_pass_with_its_relu():
+    """DenseNet normalizes a concatenation (no convolution to fold into): the BatchNormalization
+    becomes x * k + (shift - mean * k), which fuses with the ReLU after it into one pass; after a
+    convolution it still folds into the weights (made_by). Both match onnxruntime."""
+    rng = np.random.default_rng(4)
+    c = 24
+    params = {"s": rng.uniform(0.5, 2, c), "t": rng.normal(size=c), "m": rng.normal(size=c),
+              "v": rng.uniform(0.1, 3, c), "w": rng.normal(size=(c, c, 1, 1)) * 0.2}
+    inits = [onnx.numpy_helper.from_array(np.asarray(a, np.float32), k) for k, a in params.items()]
+    nodes = [helper.make_node("Concat", ["a", "b"], ["x"], axis=1),
+             helper.make_node("BatchNormalization", ["x", "s", "t", "m", "v"], ["n"], epsilon=1e-3),
+             helper.make_node("Relu", ["n"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y0"]),
+             helper.make_node("BatchNormalization", ["y0", "s", "t", "m", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, [1, c // 2, 5, 7]) for k in ("a", "b")]
+    model = _model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    result = optimize(egraft.load(model))
+    ops = [n.op for n in result.graph.nodes]
+    assert "BatchNormalization" not in ops and ops.count("Elementwise") == 1, ops
+    feeds = {k: rng.normal(size=(1, c // 2, 5, 7)).astype(np.float32) for k in ("a", "b")}
+    want = run_onnxruntime(model, feeds)["y"]
+    np.testing.assert_allclose(result.graph.run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(egraft.compile(model).run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
+
+
 def test_commutative_nodes_match_their_other_order_only_where_no_rule_spells_it():
     """A rule whose mirror image (one commutative node's inputs swapped) is another rule, or
     itself, is matched in its written order at that node; the others in both orders."""

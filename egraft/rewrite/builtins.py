@@ -217,6 +217,18 @@ def _feeds_const(ev: Evaluator, x, *ops: str) -> bool:
     return ev.snap.ref_class.get(x.ref) in per_snapshot[ops]
 
 
+def _made_by(ev: Evaluator, x, *ops: str) -> bool:
+    """Some node of ``x``'s e-class is one of ``ops``: ``made_by(x, "Conv")`` for a tensor
+    that a convolution computes (a BatchNormalization after it folds into it instead)."""
+    if not isinstance(x, Handle):
+        raise GuardFailed("made_by() asks about a tensor")
+    c = ev.snap.ref_class.get(x.ref)
+    return any(n.op in ops for n in ev.snap.classes.get(c, ()))
+
+
+BUILTINS["made_by"] = _made_by
+
+
 #: snapshot -> {ops: the classes feeding those ops with constants}, computed once per snapshot.
 _FED_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 BUILTINS["feeds_const"] = _feeds_const
