@@ -419,6 +419,8 @@ def test_fused_gelu(approximate):
     # keys a block of four vectors, one more vector and 5 one at a time; Dv of two vectors
     ((1, 3, 6, 12), (1, 3, 12, 45), (1, 3, 45, 16), (6, 45), (1, 3, 6, 16)),
     ((2, 5, 32), (2, 32, 64), (2, 64, 8), (2, 1, 64), (2, 5, 8)),
+    # a head dim over 128: the scores one key at a time, the output rows still in registers
+    ((1, 2, 3, 130), (1, 2, 130, 20), (1, 2, 20, 16), None, (1, 2, 3, 16)),
 ])
 def test_fused_attention(q_shape, kt_shape, v_shape, mask_shape, out_shape):
     q, kt, v = _f32(*q_shape), _f32(*kt_shape), _f32(*v_shape)

@@ -678,34 +678,8 @@ def attention(ctx: KernelContext) -> None:
                         bld.store(bld.fadd(bld.load(total), e, flags=REASSOC), total)
                 out_row = offset_of(ctx, out_off, (s, out[-2]))
                 if registers:  # sum p_j * V[j] unnormalized in registers, then one multiply by 1 / total
-                    vt = ir.VectorType(t, out_lanes)
-                    width = dv_len // out_lanes
-                    copies = max(1, 8 // width)  # keys per step, each into its own accumulators (latency)
-                    slots = [[ctx.alloca(vt, name=f"out{c}_{k}") for k in range(width)] for c in range(copies)]
-                    for slot in (x for per_copy in slots for x in per_copy):
-                        bld.store(ir.Constant(vt, [0.0] * out_lanes), slot)
-
-                    def add_key(j: ir.Value, into: list) -> None:
-                        p = splat(bld, load_at(ctx, scores, j), out_lanes)
-                        v_row = offset_of(ctx, v_off, (j, v[-2]))
-                        for k, slot in enumerate(into):
-                            at = bld.gep(pv, [bld.add(v_row, ir.Constant(I64, k * out_lanes))])
-                            vv = bld.load(bld.bitcast(at, vt.as_pointer()), align=4)
-                            bld.store(_fma(ctx, p, vv, bld.load(slot)), slot)
-
-                    steps = bld.sdiv(t_, ir.Constant(I64, copies))
-                    with ctx.loop(steps, name="t5") as jj:
-                        for c in range(copies):
-                            add_key(bld.add(bld.mul(jj, ir.Constant(I64, copies)), ir.Constant(I64, c)), slots[c])
-                    with ctx.loop(t_, name="t6", start=bld.mul(steps, ir.Constant(I64, copies))) as j:
-                        add_key(j, slots[0])
-                    inverse = splat(bld, bld.fdiv(ir.Constant(t, 1.0), bld.load(total)), out_lanes)
-                    for k in range(width):
-                        value = bld.load(slots[0][k])
-                        for c in range(1, copies):
-                            value = bld.fadd(value, bld.load(slots[c][k]))
-                        at = bld.gep(py, [bld.add(out_row, ir.Constant(I64, k * out_lanes))])
-                        bld.store(bld.fmul(value, inverse), bld.bitcast(at, vt.as_pointer()), align=4)
+                    _sum_values(ctx, t, [s], [scores], [total], t_, (pv, v, py, out, out_lanes), (v_off, out_off),
+                                dv_len)
                 else:
                     with ctx.loop(t_, name="t4") as j:
                         store_at(ctx, bld.fdiv(load_at(ctx, scores, j), bld.load(total)), scores, j)
@@ -743,6 +717,17 @@ def _attention_rows(ctx: KernelContext, t: ir.Type, rows: list[ir.Value], scores
     mask_rows = [offset_of(ctx, mask_off, (s, mask[-2])) for s in rows]
     _vector_softmax_scores(ctx, t, lanes, row_scores, t_, (pq, q_rows, q[-1], d_len), (pk, kt_off, kt[-2]),
                            (pm, mask_rows, mask[-1]), scale, bests, totals)
+    _sum_values(ctx, t, rows, row_scores, totals, t_, (pv, v, py, out, out_lanes), (v_off, out_off), dv_len)
+
+
+def _sum_values(ctx: KernelContext, t: ir.Type, rows: list[ir.Value], row_scores: list[ir.Value],
+                totals: list[ir.Value], t_: ir.Value, operands: tuple, offsets: tuple, dv_len: int) -> None:
+    """The output rows ``rows``: ``sum_j p[r, j] * V[j] / totals[r]``, the sums in registers
+    (unnormalized, then one multiply by 1 / total), each row of V loaded once for all rows."""
+    bld = ctx.builder
+    pv, v, py, out, out_lanes = operands
+    v_off, out_off = offsets
+    n = len(rows)
     vt = ir.VectorType(t, out_lanes)
     width = dv_len // out_lanes
     copies = max(1, 8 // (width * n))  # keys per step, each into its own accumulators (latency)
