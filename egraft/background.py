@@ -4,7 +4,8 @@ low-priority Python process.
 A compile inside the calling process would hold the interpreter lock for seconds and stall
 the very calls it should speed up (each call takes the lock between its kernels). So
 :func:`call_in_worker` runs ``module:function`` in ``python -c`` (no fork of the caller's
-threads, no re-import of its main module), at ``nice`` 10, with the arguments and the
+threads, no re-import of its main module), at ``nice`` 10 (``$EGRAFT_WORKER_NICE`` sets
+another niceness: 0 where the machine's other work must not starve the build), with the arguments and the
 result pickled through a temporary folder; compiled object code comes back through the
 on-disk caches (:mod:`egraft.kernels.cpu.llvm`), so loading the result takes milliseconds.
 The worker keys cache entries by the caller's source digest (``$EGRAFT_SOURCE_DIGEST``).
@@ -25,7 +26,7 @@ from pathlib import Path
 
 _WORKER = """
 import importlib, os, pickle, sys
-os.nice(10)
+os.nice(int(os.environ.get("EGRAFT_WORKER_NICE", "10")))
 with open(sys.argv[1], "rb") as f:
     target, args = pickle.load(f)
 module, name = target.split(":")
@@ -37,7 +38,8 @@ with open(sys.argv[2], "wb") as f:
 
 def call_in_worker(target: str, *args):
     """``module:function(*args)`` in a fresh low-priority Python process; its result.
-    Raises ``RuntimeError`` with the worker's last error line when it fails."""
+    Raises ``RuntimeError`` with the worker's last error line when it fails (an
+    ``$EGRAFT_WORKER_NICE`` that is not an integer included)."""
     from egraft.compile_cache import _source_digest
     from egraft.kernels.cpu.llvm import cache_dir
 

@@ -8,17 +8,31 @@ import pytest
 from onnx import TensorProto, helper
 
 
-@pytest.fixture(autouse=True)
-def _isolated_config_dir(tmp_path_factory, monkeypatch):
-    """Tests never read or write the user's saved profiles (``egraft calibrate``): a
-    calibrated cpu-host profile would change which plans the roofline model extracts."""
-    monkeypatch.setenv("EGRAFT_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
-    monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+def _isolate(patch: pytest.MonkeyPatch, config: object, cache: object) -> None:
+    """Tests never read or write the user's saved profiles (``egraft calibrate``: a calibrated
+    cpu-host profile would change which plans the roofline model extracts) or cache."""
+    patch.setenv("EGRAFT_CONFIG_DIR", str(config))
+    patch.setenv("EGRAFT_CACHE_DIR", str(cache))
     # Tests judge the build they compile: no background variants (their own tests ask for them).
-    monkeypatch.setenv("EGRAFT_SPECIALIZE", "off")
+    patch.setenv("EGRAFT_SPECIALIZE", "off")
     # Cache entries are on disk when compile returns (tests damage them right after); the
     # background writes have a test of their own (test_cache.py).
-    monkeypatch.setattr("egraft.compile_cache.WRITE_IN_BACKGROUND", False)
+    patch.setattr("egraft.compile_cache.WRITE_IN_BACKGROUND", False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_session(tmp_path_factory):
+    """The same for module-scoped fixtures, which run before any test's own fixtures: without it
+    a module's shared model compiled with background variants, into the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        _isolate(patch, tmp_path_factory.mktemp("session-config"), tmp_path_factory.getbasetemp() / "cache")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config_dir(tmp_path_factory, monkeypatch):
+    """Each test its own config folder (a calibration one test saves is not another's)."""
+    _isolate(monkeypatch, tmp_path_factory.mktemp("config"), tmp_path_factory.getbasetemp() / "cache")
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import ctypes
-
 import mmap
 
 import numpy as np
@@ -169,7 +168,8 @@ def test_sgemm_epilogues(library, label, bias_kind, residual, activation, params
             "hard_swish": lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
             "hard_sigmoid": lambda v: np.clip(lo * v + hi, 0, 1), "tanh": np.tanh,
             "gelu": lambda v: 0.5 * v * (1 + scipy.special.erf(v / np.sqrt(2))),
-            "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))}[activation](want)
+            "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3))),
+            }[activation](want)
     assert set(sgemm.ACTIVATION_CODES) - {""} <= {e[3] for e in EPILOGUES}  # every code the library has
     for parts in (1, 2):
         c = np.empty((m, n), np.float32)

@@ -713,6 +713,7 @@ def _evens(e: _Emitter, wide: ir.Value) -> ir.Value:
 
 
 _LIBRARY_LOCK = threading.Lock()
+_LIBRARY: list[JitModule] = []  # this process's one loaded library
 
 
 @cache
@@ -725,20 +726,23 @@ def library_module() -> DeferredModule:
 
 def library_loaded() -> bool:
     """Whether this process has loaded the library already."""
-    return library.cache_info().currsize > 0
+    return bool(_LIBRARY)
 
 
-@cache
 def library() -> JitModule:
     """The compiled library (once per process; its object code is cached on disk, keyed by
     the blocking and egraft's sources, so a cached library is loaded without building its IR), with
-    ``egraft_sgemm`` registered as a symbol that kernel modules link against."""
+    ``egraft_sgemm`` registered as a symbol that kernel modules link against. Loaded under a
+    lock: two threads compiling at once (a variant loading beside the caller's compile) must not
+    each load one, or the symbol could point into the copy that is then freed."""
     import llvmlite.binding as llvm
 
     with _LIBRARY_LOCK:
-        jit = JitModule(library_module())
-        llvm.add_symbol(SGEMM, jit.address(SGEMM))
-    return jit
+        if not _LIBRARY:
+            jit = JitModule(library_module())
+            llvm.add_symbol(SGEMM, jit.address(SGEMM))
+            _LIBRARY.append(jit)
+        return _LIBRARY[0]
 
 
 def declare(module: ir.Module) -> ir.Function:
