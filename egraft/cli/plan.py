@@ -42,7 +42,7 @@ ExtractorOption = Annotated[str, typer.Option("--extractor", help="greedy (fast)
 TimeLimitOption = Annotated[float, typer.Option("--time-limit", help="Seconds the ilp extractor may take.")]
 
 
-def run_pipeline(model: str, rules, rules_off, shape, iterations: int, max_nodes: int, timeout: float,
+def run_pipeline(model: str, rules, rules_off, shape, iterations: int, max_nodes: int, timeout: float | None,
                  cost_model: str, target: str, profile: str | None, extractor: str, time_limit: float):
     """Load, saturate (with a progress line on stderr) and extract; EgraftError on bad input."""
     from egraft.extract.cost import cost_model as make_cost_model
@@ -56,7 +56,7 @@ def run_pipeline(model: str, rules, rules_off, shape, iterations: int, max_nodes
     model_cost = make_cost_model(cost_model, profile, target, bindings)
     graph = load_model(model)
     check_bindings(bindings, graph, model)
-    budget = Budget(iterations=iterations, max_nodes=max_nodes, seconds=timeout)
+    budget = Budget(iterations=iterations, max_nodes=max_nodes, **({} if timeout is None else {"seconds": timeout}))
     with err_console.status("saturating", spinner="dots") as status:
         def progress(iteration: int, enodes: int) -> None:
             status.update(f"saturating: round {iteration}, {enodes} e-nodes")
@@ -72,7 +72,8 @@ def optimize(
     shape: Annotated[list[str] | None, typer.Option("--shape", help="Bind a symbolic dim: NAME=INT.")] = None,
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
-    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 4.0,
+    timeout: Annotated[float | None, typer.Option(
+        help="Stop saturating after this many CPU seconds (default: the engine's budget, 5).")] = None,
     cost_model: Annotated[str, typer.Option("--cost-model", help="nodes, flops or roofline.")] = "roofline",
     target: Annotated[str, typer.Option("--target", help="cpu or cuda: picks the roofline profile.")] = "cpu",
     profile: Annotated[str | None, typer.Option(
@@ -161,7 +162,8 @@ def plan(
     time_limit: TimeLimitOption = 30.0,
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
-    timeout: Annotated[float, typer.Option(help="Stop saturating after this many seconds.")] = 4.0,
+    timeout: Annotated[float | None, typer.Option(
+        help="Stop saturating after this many CPU seconds (default: the engine's budget, 5).")] = None,
     reproducible: Annotated[bool, typer.Option(
         "--reproducible",
         help="Leave out what measures the run (timings; a time-limited ILP's gap and bound): the file is "

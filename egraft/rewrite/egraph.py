@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,9 +227,9 @@ class EGraphState:
     def union_refs(self, a: int, b: int) -> None:
         self.pending.append(("u", a, b))
 
-    def flush(self, deadline: float | None = None) -> bool:
+    def flush(self, deadline: float | None = None, clock: Callable[[], float] = time.perf_counter) -> bool:
         """Send the queued commands to egglog as rows of its request relations, then apply them
-        (module docstring). Past ``deadline`` (``time.perf_counter()``) the rest is dropped:
+        (module docstring). Past ``deadline`` (in ``clock``'s seconds) the rest is dropped:
         True then. Commands go in order and a term names only handles and cells made before
         it, so a cut leaves at worst list cells or terms that nothing reads."""
         raw = self.egraph._egraph
@@ -236,7 +237,7 @@ class EGraphState:
             self._files = tempfile.mkdtemp(prefix="egraft-egraph-")
             weakref.finalize(self, shutil.rmtree, self._files, True)
         for start in range(0, len(self.pending), CHUNK):
-            if deadline is not None and time.perf_counter() > deadline:
+            if deadline is not None and clock() > deadline:
                 self.pending.clear()
                 return True
             rows: dict[str, list[str]] = {tag: [] for tag in _RELATIONS}
