@@ -550,3 +550,52 @@ def test_a_channel_concat_of_blocked_branches_stays_blocked(branches, axis):
     x = rng.normal(0, 1, (1, 16, 28, 28)).astype(np.float32)
     np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-4,
                                atol=1e-4)
+
+
+def dense_block_model(layers: int = 3, growth: int = 16, width: int = 32, side: int = 28) -> onnx.ModelProto:
+    """DenseNet's block: c_0 = Conv(x); c_i = Concat(c_i-1, Conv3x3(Relu(Conv1x1(Relu(BN(c_i-1)))))),
+    then a BatchNormalization and ReLU of the last concatenation (x: f32[1, 16, side, side])."""
+    rng = np.random.default_rng(11)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], kernel_shape=[1, 1])]
+    inits = {"w0": rng.normal(0, 0.3, (width, 16, 1, 1))}
+
+    def batchnorm(source: str, channels: int, name: str) -> str:
+        for p, a in {"s": rng.uniform(0.5, 2, channels), "t": rng.normal(size=channels),
+                     "m": rng.normal(size=channels), "v": rng.uniform(0.2, 2, channels)}.items():
+            inits[f"{name}_{p}"] = a
+        nodes.append(helper.make_node("BatchNormalization", [source] + [f"{name}_{p}" for p in "stmv"], [name]))
+        nodes.append(helper.make_node("Relu", [name], [name + "_r"]))
+        return name + "_r"
+
+    channels = width
+    for i in range(1, layers + 1):
+        normed = batchnorm(f"c{i - 1}", channels, f"bn{i}")
+        inits[f"wa{i}"] = rng.normal(0, 0.2, (width, channels, 1, 1))
+        inits[f"wb{i}"] = rng.normal(0, 0.1, (growth, width, 3, 3))
+        nodes += [helper.make_node("Conv", [normed, f"wa{i}"], [f"a{i}"], kernel_shape=[1, 1]),
+                  helper.make_node("Relu", [f"a{i}"], [f"ar{i}"]),
+                  helper.make_node("Conv", [f"ar{i}", f"wb{i}"], [f"b{i}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                  helper.make_node("Concat", [f"c{i - 1}", f"b{i}"], [f"c{i}"], axis=1)]
+        channels += growth
+    out = batchnorm(f"c{layers}", channels, "bn_out")
+    nodes.append(helper.make_node("Identity", [out], ["y"]))
+    return make_model(nodes, {"x": [1, 16, side, side]}, "y",
+                      {k: np.asarray(v, np.float32) for k, v in inits.items()})
+
+
+def test_a_dense_block_runs_blocked_from_its_first_conv_to_its_end():
+    """The Concat chain goes blocked link by link in one round (concat_through_unblock_left), and
+    each BatchNormalization of a concatenation, a per-channel x * k + t, with it
+    (mul/add_channels_through_unblock): the compiled block converts its input once and its output
+    once, every product, normalization and ReLU in between on blocked tensors (the first Conv's
+    output, which the first layer reads normalized and the first Concat as it is, may be converted
+    once more)."""
+    model = dense_block_model()
+    compiled = egraft.compile(model, use_cache=False)
+    steps = [(s.node.op, s.node.outputs[0].type.rank) for s in compiled.steps]
+    assert [op for op, _ in steps].count("LayoutFromBlocked") == 1 and steps[-1] == ("LayoutFromBlocked", 4), steps
+    assert [op for op, _ in steps].count("LayoutToBlocked") <= 2, steps
+    assert sorted(rank for op, rank in steps if op in ("Elementwise", "Concat")) == [5] * 6, steps
+    assert [op for op, _ in steps].count("ConvNCHWc") >= 6, steps
+    x = randn(1, 16, 28, 28)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"], rtol=1e-4, atol=1e-4)

@@ -61,11 +61,11 @@ class Budget:
 
     iterations: int = 30
     max_nodes: int = 100_000
-    #: 5 s: the corpus's largest graphs (t5_encoder_int8, minimol_v1, the only ones that do not
+    #: 6 s: the corpus's largest graphs (t5_encoder_int8, minimol_v1, the only ones that do not
     #: saturate) extract programs of the same cost after 4 s as after 10 s; densenet121 saturates
     #: in 2.9-4.1 s of CPU on a 2-core host (27 rounds: one per link of its Concat chains), and
     #: inception_v2 in 2.7 s
-    seconds: float = 5.0
+    seconds: float = 6.0
     match_limit: int = 5000
     ban_length: int = 2
 
