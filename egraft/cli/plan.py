@@ -73,7 +73,7 @@ def optimize(
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
     timeout: Annotated[float | None, typer.Option(
-        help="Stop saturating after this many CPU seconds (default: the engine's budget, 6).")] = None,
+        help="Stop saturating after this many CPU seconds (default: the engine's budget, 10).")] = None,
     cost_model: Annotated[str, typer.Option("--cost-model", help="nodes, flops or roofline.")] = "roofline",
     target: Annotated[str, typer.Option("--target", help="cpu or cuda: picks the roofline profile.")] = "cpu",
     profile: Annotated[str | None, typer.Option(
@@ -163,7 +163,7 @@ def plan(
     iterations: Annotated[int, typer.Option(help="Saturation rounds at most.")] = 30,
     max_nodes: Annotated[int, typer.Option(help="Stop when the e-graph has more e-nodes.")] = 100_000,
     timeout: Annotated[float | None, typer.Option(
-        help="Stop saturating after this many CPU seconds (default: the engine's budget, 6).")] = None,
+        help="Stop saturating after this many CPU seconds (default: the engine's budget, 10).")] = None,
     reproducible: Annotated[bool, typer.Option(
         "--reproducible",
         help="Leave out what measures the run (timings; a time-limited ILP's gap and bound): the file is "
