@@ -288,7 +288,7 @@ class RestoredConstants(dict):
 def write_entry(entry: Path, lowered) -> None:
     """``lowered`` as the entry ``entry`` (``KEY.pkl``; see the module docstring), then evict
     the least recently used entries while the cache is over ``$EGRAFT_CACHE_MAX``."""
-    from egraft.kernels.cpu.llvm import evict, write_meta
+    from egraft.kernels.cpu.llvm import evict_if_full, write_meta
 
     constants, derived = lowered.graph.constants, lowered.derived
     if any(np.asarray(a).dtype == object for a in (*constants.values(), *derived.values())):
@@ -326,7 +326,7 @@ def write_entry(entry: Path, lowered) -> None:
         files[suffix[1:]] = entry.with_suffix(suffix)
     meta = entry.with_suffix(".json")
     write_meta(meta, files, format=CACHE_FORMAT, constants_bytes=len(blob))  # last: its presence means complete
-    evict(keep=meta)
+    evict_if_full(meta)
 
 
 #: Whether :func:`write_entry_in_background` writes on a thread of its own (tests that damage
