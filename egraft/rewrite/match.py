@@ -29,14 +29,17 @@ Subst = dict[str, Any]
 class EClassId(int):
     """An e-class bound to a pattern variable (an int that is known not to be an
     attribute value)."""
+
+
 #: E-nodes that an interior variadic pattern node (``Elementwise(xs...)``) tries in one e-class,
 #: those with the fewest inputs first. The elementwise fusion gives a class many equivalent
 #: bodies (one per order of fusing), and ``Add(Elementwise(xs...), Elementwise(ys...))`` tried
-#: every pair: minimol_v1 and t5_encoder_int8 ran out of saturation time (5.4 and 4.4 s; now 2.1
-#: and 1.5 s) for plans that are the same (minimol) or 0.01% cheaper (t5) than with 16. At 4 or
-#: 8, minimol's plan was 2% dearer. Leaving some matches out is sound: any subset of the
-#: rewrites is.
+#: every pair: minimol_v1 and t5_encoder_int8 took 5.4 and 4.4 s to saturate, now 2.1 and 1.5 s,
+#: for the same plans (t5's 0.01% dearer; at 4 or 8 alternatives, minimol's was 2% dearer).
+#: Leaving some matches out is sound: any subset of the rewrites is.
 INTERIOR_ALTERNATIVES = 16
+
+
 #: Names under which the matcher records each root's e-class (``$root0``...).
 ROOT = "$root{}"
 #: The key under which a substitution lists the e-nodes it matched, ``((class, ENode), ...)``
