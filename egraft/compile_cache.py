@@ -325,8 +325,9 @@ def write_entry(entry: Path, lowered) -> None:
         tmp.replace(entry.with_suffix(suffix))
         files[suffix[1:]] = entry.with_suffix(suffix)
     meta = entry.with_suffix(".json")
-    write_meta(meta, files, format=CACHE_FORMAT, constants_bytes=len(blob))  # last: its presence means complete
-    evict_if_full(meta)
+    # last: its presence means the entry is complete
+    written = write_meta(meta, files, format=CACHE_FORMAT, constants_bytes=len(blob))
+    evict_if_full(meta, written)
 
 
 #: Whether :func:`write_entry_in_background` writes on a thread of its own (tests that damage

@@ -15,6 +15,9 @@ def _isolate(patch: pytest.MonkeyPatch, config: object, cache: object) -> None:
     patch.setenv("EGRAFT_CACHE_DIR", str(cache))
     # Tests judge the build they compile: no background variants (their own tests ask for them).
     patch.setenv("EGRAFT_SPECIALIZE", "off")
+    # The suite keeps both cores busy: a background build at nice 10 got a tenth of a core and
+    # missed its test's 300 s wait in CI.
+    patch.setenv("EGRAFT_WORKER_NICE", "0")
     # Cache entries are on disk when compile returns (tests damage them right after); the
     # background writes have a test of their own (test_cache.py).
     patch.setattr("egraft.compile_cache.WRITE_IN_BACKGROUND", False)

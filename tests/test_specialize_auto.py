@@ -28,13 +28,6 @@ def conv_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.fixture(autouse=True)
-def _builds_at_full_priority(monkeypatch):
-    """The suite's own processes keep every core busy: a variant built at nice 10 got a tenth
-    of a core and missed the 300 s wait in CI."""
-    monkeypatch.setenv("EGRAFT_WORKER_NICE", "0")
-
-
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("EGRAFT_CACHE_DIR", str(tmp_path / "cache"))  # the worker process inherits it

@@ -137,16 +137,19 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_meta(meta_path: Path, files: dict[str, Path], **extra) -> None:
+def write_meta(meta_path: Path, files: dict[str, Path], **extra) -> int:
     """Write a cache entry's metadata (last: its presence means the entry is complete):
-    the SHA-256 and size of each of its ``files`` (by role), plus ``extra`` fields."""
+    the SHA-256 and size of each of its ``files`` (by role), plus ``extra`` fields. Returns
+    the entry's bytes, its metadata's included (what :func:`evict_if_full` adds to its count)."""
     import json
 
     document = {"files": {role: {"name": f.name, "sha256": file_digest(f), "bytes": f.stat().st_size}
                           for role, f in files.items()}, **extra}
+    text = json.dumps(document, indent=1) + "\n"
     tmp = meta_path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=1) + "\n")
+    tmp.write_text(text)
     tmp.replace(meta_path)
+    return len(text.encode()) + sum(info["bytes"] for info in document["files"].values())
 
 
 def verify_meta(meta_path: Path) -> tuple[dict | None, str | None]:
@@ -195,7 +198,7 @@ _COUNTED_LOCK = threading.Lock()
 RECOUNT_SECONDS = 60.0
 
 
-def _cap(stacklevel: int = 3) -> int:
+def _cap() -> int:
     """:func:`cache_max_bytes`, or the default with a warning when ``$EGRAFT_CACHE_MAX`` is not a size."""
     from egraft.errors import EgraftError
 
@@ -204,21 +207,17 @@ def _cap(stacklevel: int = 3) -> int:
     except EgraftError as e:
         import warnings
 
-        warnings.warn(f"{e}; using the default cap", RuntimeWarning, stacklevel=stacklevel)
+        warnings.warn(f"{e}; using the default cap", RuntimeWarning, stacklevel=3)
         return DEFAULT_CACHE_MAX
 
 
-def evict_if_full(meta: Path) -> int:
-    """After an entry was written (``meta``, its metadata): :func:`evict` when the cache may
-    hold more than its cap (this process's count of it, see :data:`_COUNTED`); the bytes removed."""
-    import json
+def evict_if_full(meta: Path, added: int) -> int:
+    """After an entry of ``added`` bytes was written (``meta``, its metadata; what
+    :func:`write_meta` returned): :func:`evict` when the cache may hold more than its cap (this
+    process's count of it, see :data:`_COUNTED`); the bytes removed."""
     import time
 
     limit = _cap()
-    try:
-        added = meta.stat().st_size + sum(int(f["bytes"]) for f in json.loads(meta.read_text())["files"].values())
-    except (OSError, ValueError, KeyError, TypeError):
-        added = 0
     folder, now = str(cache_dir()), time.monotonic()
     with _COUNTED_LOCK:
         counted = _COUNTED.get(folder)
@@ -368,8 +367,7 @@ def _store_object(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
         tmp.replace(path)  # atomic: a reader never sees half a file
         meta = path.with_suffix(".json")
-        write_meta(meta, {"object": path})
-        evict_if_full(meta)
+        evict_if_full(meta, write_meta(meta, {"object": path}))
     except OSError:
         pass
 
