@@ -146,3 +146,50 @@ def test_the_native_schedule_splits_the_kernels_worth_it(split_every_parallel_ke
         x = rng.normal(size=(m, k)).astype(np.float32)
         want = np.maximum(x.astype(np.float64) @ w, 0) @ w2
         np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def _thread_of_part_kernel() -> tuple[egraft.kernels.cpu.llvm.JitModule, int]:
+    """A kernel of the one ABI that writes, for its ``part``, the Linux thread id it runs on
+    into ``table[0][part]`` (``gettid``, system call 186 on x86-64)."""
+    from llvmlite import ir
+
+    from egraft.kernels.cpu.llvm import JitModule, host_cpu
+
+    i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
+    module = ir.Module(name="thread_of_part")
+    module.triple = host_cpu()[0]
+    syscall = ir.Function(module, ir.FunctionType(i64, [i64], var_arg=True), "syscall")
+    kernel = ir.Function(module, ir.FunctionType(ir.VoidType(), [i8p.as_pointer(), i64.as_pointer(), i64, i64, i8p]),
+                         "thread_of_part")
+    table, _, part, _, _ = kernel.args
+    b = ir.IRBuilder(kernel.append_basic_block("entry"))
+    out = b.bitcast(b.load(table), i64.as_pointer())
+    b.store(b.call(syscall, [ir.Constant(i64, 186)]), b.gep(out, [part]))
+    b.ret_void()
+    jit = JitModule(str(module), use_cache=False)
+    return jit, jit.address("thread_of_part")
+
+
+@pytest.mark.skipif(runtime.cpu_count() < 2, reason="a split needs a second core for the worker")
+def test_each_thread_runs_its_own_part_of_a_split_kernel():
+    """The caller claims part 0 and the worker part 1 first, so a kernel's share of the data
+    stays on one core from kernel to kernel: over many splits, part 0 ran on the calling
+    thread and part 1 on the other, with rare exceptions (a worker that was asleep leaves its
+    part to the caller)."""
+    import os
+    import threading
+
+    jit, address = _thread_of_part_kernel()
+    workers = runtime._workers_of(os.getpid())
+    out = np.zeros(2, np.int64)
+    table = np.array([out.ctypes.data], np.uint64)
+    dims = np.zeros(1, np.int64)
+    caller = threading.get_native_id()
+    placements = []
+    for _ in range(200):
+        out[:] = 0
+        assert workers.run(address, table.ctypes.data, dims.ctypes.data, 2, runtime.thread_scratch()) == 2
+        placements.append((int(out[0]) == caller, int(out[1]) != caller and int(out[1]) != 0))
+    assert sum(p0 for p0, _ in placements) >= 190
+    assert sum(p1 for _, p1 in placements) >= 150
+    del jit

@@ -46,7 +46,7 @@ from egraft.ir.registry import RunContext
 from egraft.ir.work import op_work, value_bytes
 from egraft.kernels.cpu.llvm import JitModule, cpu_count
 from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
-from egraft.kernels.cpu.workers import NativeWorkers
+from egraft.kernels.cpu.workers import MAX_PARTS, NativeWorkers
 from egraft.lowering.compile import Lowered
 from egraft.lowering.control import ControlBodies, RankedVariants, RankGuard, empty_like_type
 from egraft.lowering.guards import check_broadcasts
@@ -645,7 +645,7 @@ class CompiledModel:
         plan = self.memory_plan(bound)
         self._shapes(bound)
         split = self._split_work(bound) if threads > 1 else {}
-        parts = min(threads, _workers_of(os.getpid()).count + 1)
+        parts = min(threads, _workers_of(os.getpid()).count + 1, MAX_PARTS)
 
         def parts_of(step) -> int:
             return parts if split.get(step.index, 0) >= MIN_PARALLEL_WORK else 1

@@ -14,7 +14,9 @@ spinning until it ends: woken per kernel, a worker missed the parts of kernels u
 ``egraft_parallel(state, kernel, table, dims, parts, scratch)`` posts a kernel; the calling
 thread and the workers then claim its parts one at a time (a compare-and-swap), so a
 worker slow to wake costs nothing: the caller runs the parts nobody claimed, then spins
-until every claimed part is done. ``egraft_run_steps`` runs a
+until every claimed part is done. Each thread claims its own part first (the caller part
+0, worker ``i`` part ``i + 1``), so a kernel's share of rows or channels stays on the same
+core from one kernel to the next, in that core's cache. ``egraft_run_steps`` runs a
 whole run of kernels in one call (the runtime's schedule: one foreign call per run). One caller owns the
 workers at a time (a compare-and-swap on ``busy``); a caller that finds them busy runs
 its kernel alone, so concurrent callers never oversubscribe the cores.
@@ -49,6 +51,8 @@ STATE_FIELDS = 10
 #: then slowed the caller on a 2-vCPU host (akiki_vad at 2 threads 1.06x its 1-thread
 #: time, 1.01x with 1,000; ppocr_v4_rec and SqueezeNet at 2 threads kept their speed).
 SPIN = 1000
+#: Parts a kernel is split into at most: one bit each in ``CLAIM``'s low half.
+MAX_PARTS = 32
 SYS_FUTEX = 202  # x86-64 Linux
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 
@@ -73,24 +77,33 @@ def _module_text() -> str:
         b.call(syscall, [ir.Constant(I64, SYS_FUTEX), word, ir.Constant(I64, op), value, ir.Constant(I64, 0),
                          ir.Constant(I64, 0), ir.Constant(I64, 0)])
 
-    # ---- void egraft_claim_parts(i64* state, i64 tag, i64 kernel, i64 table, i64 dims, i64 parts, i8* scratch)
-    # claims the posting's parts one at a time (a compare-and-swap on CLAIM, which only succeeds
-    # while CLAIM still carries this posting's tag) and runs each, counting it done
-    claim = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64, I64, I64, I64, I8P]),
+    # ---- void egraft_claim_parts(i64* state, i64 tag, i64 kernel, i64 table, i64 dims, i64 parts, i8* scratch,
+    #                              i64 home)
+    # claims the posting's parts one at a time and runs each, counting it done: its own part
+    # ``home`` first, then any part nobody has claimed (a compare-and-swap that sets the part's
+    # bit in CLAIM, which only succeeds while CLAIM still carries this posting's tag)
+    claim = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64, I64, I64, I64, I8P,
+                                                                I64]),
                         "egraft_claim_parts")
     claim.linkage = "internal"
-    c_state, c_tag, c_kernel, c_table, c_dims, c_parts, c_scratch = claim.args
+    c_state, c_tag, c_kernel, c_table, c_dims, c_parts, c_scratch, c_home = claim.args
     c_entry, c_loop, c_try, c_run, c_done = (claim.append_basic_block(n)
                                              for n in ("entry", "loop", "try", "run", "done"))
+    cttz = ir.Function(module, ir.FunctionType(I64, [I64, ir.IntType(1)]), "llvm.cttz.i64")
     b = ir.IRBuilder(c_entry)
     b.branch(c_loop)
     b.position_at_end(c_loop)
     current = atomic_load(b, field(b, c_state, CLAIM))
     mine = b.icmp_signed("==", b.lshr(current, ir.Constant(I64, 32)), c_tag)
-    next_part = b.and_(current, ir.Constant(I64, 0xFFFFFFFF))
+    taken = b.or_(b.and_(current, ir.Constant(I64, 0xFFFFFFFF)), ir.Constant(I64, -1 << 32))
+    home_free = b.and_(b.icmp_signed("<", c_home, c_parts),
+                       b.icmp_signed("==", b.and_(taken, b.shl(ir.Constant(I64, 1), c_home)), ir.Constant(I64, 0)))
+    first_free = b.call(cttz, [b.xor(taken, ir.Constant(I64, -1)), ir.Constant(ir.IntType(1), 1)])
+    next_part = b.select(home_free, c_home, first_free)
     b.cbranch(b.and_(mine, b.icmp_signed("<", next_part, c_parts)), c_try, c_done)
     b.position_at_end(c_try)
-    swapped = b.cmpxchg(field(b, c_state, CLAIM), current, b.add(current, ir.Constant(I64, 1)), "seq_cst", "seq_cst")
+    swapped = b.cmpxchg(field(b, c_state, CLAIM), current, b.or_(current, b.shl(ir.Constant(I64, 1), next_part)),
+                        "seq_cst", "seq_cst")
     b.cbranch(b.extract_value(swapped, 1), c_run, c_loop)
     b.position_at_end(c_run)
     b.call(b.inttoptr(c_kernel, KERNEL.as_pointer()),
@@ -149,7 +162,8 @@ def _module_text() -> str:
     kernel = atomic_load(b, field(b, state, KERNEL_FN))
     table = atomic_load(b, field(b, state, TABLE))
     dims = atomic_load(b, field(b, state, DIMS))
-    b.call(claim, [state, tag_of(b, generation), kernel, table, dims, parts, scratch])
+    b.call(claim, [state, tag_of(b, generation), kernel, table, dims, parts, scratch,
+                   b.add(index, ir.Constant(I64, 1))])
     b.branch(wait)
 
     # ---- i64 egraft_parallel(i64* state, i64 kernel, i64 table, i64 dims, i64 parts, i8* scratch, i64 workers)
@@ -179,7 +193,7 @@ def _module_text() -> str:
         futex(b, state, FUTEX_WAKE_PRIVATE, ir.Constant(I64, 0x7FFFFFFF))
     # the caller claims parts too: a worker that is slow to wake leaves its parts to the caller,
     # never a wait for it (the split costs nothing then, instead of a wake-up's latency)
-    b.call(claim, [state, tag, kernel_address, table, dims, parts, scratch])
+    b.call(claim, [state, tag, kernel_address, table, dims, parts, scratch, ir.Constant(I64, 0)])
     b.branch(waiting)
     b.position_at_end(waiting)
     all_done = b.icmp_signed(">=", atomic_load(b, field(b, state, DONE)), parts)
@@ -302,7 +316,7 @@ class NativeWorkers:
     def run(self, kernel: int, table: int, dims: int, parts: int, scratch: int) -> int:
         """Run ``kernel`` in ``parts`` parts (at most ``count + 1``): part 0 here, the others
         on the workers; returns the parts it ran in (1 if another caller had the workers)."""
-        parts = max(1, min(parts, self.count + 1))
+        parts = max(1, min(parts, self.count + 1, MAX_PARTS))
         return self._run(self._state_address, kernel, table, dims, parts, scratch, self.count)
 
 
