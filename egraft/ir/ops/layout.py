@@ -9,7 +9,11 @@ created by egraft/rules/layout.rules as alternatives beside the standard NCHW Co
 - ``ConvNCHWc(Xb, W, B?, Z?) {block, activation}``: Conv on channel-blocked input and output,
   ``[N, C/block, *S, block] -> [N, M/block, *S', block]`` (M must be a multiple of ``block`` too),
   with FusedConv's epilogue: ``act(Conv(Xb, W, B) + Z)``, ``Z`` in the output's blocked layout, so a
-  chain of fused convolutions can stay blocked.
+  chain of fused convolutions can stay blocked;
+- ``PreActConvNCHWc(Xb, W, S, T, B?) {block, activation}``: ConvNCHWc of ``Relu(Xb * S + T)``, ``S`` and
+  ``T`` per-channel constants in the blocked layout (``[1, C/block, 1, 1, block]``): a pre-activation
+  (BatchNormalization and ReLU, as DenseNet and pre-activation ResNets apply them before each
+  convolution) computed as the convolution reads its input, instead of by a pass of its own.
 
 The convolutions reuse Conv's own inference and kernel (``conv_infer``/``conv_compute`` of
 nn_spatial) on the standard layout, with the layout changes around them, so no shape rule is
@@ -323,3 +327,56 @@ register_op(
     infer=_conv_nchwc_infer, compute=_conv_nchwc, onnx_function=_conv_nchwc_function,
     doc="act(Conv(Xb, W, B) + Z) on channel-blocked tensors: Xb [N, C/block, *S, block] -> [N, M/block, *S', block]; "
         "X may also be NCHW [N, C, *S] (an image's few channels, read as they are)")
+
+
+# ---- PreActConvNCHWc ----------------------------------------------------------------------------
+def _channel_constant_shape(xb: Sequence[Dim]) -> tuple[Dim, ...]:
+    """The blocked per-channel shape of ``Xb [N, C/block, *S, block]``: ``[1, C/block, 1.., block]``."""
+    return (1, xb[1], *[1] * (len(xb) - 3), xb[-1])
+
+
+def _pre_act_conv_infer(ctx: InferContext) -> list[TensorType]:
+    dtype = same_float_dtype(ctx)
+    _check_activation(ctx)
+    block = _block(ctx)
+    xb = _shape_of(ctx, 0, 3, "Xb [N, C/block, *S, block]")
+    for index, what in ((2, "the scale S"), (3, "the shift T")):
+        shape = ctx.types[index].shape
+        want = _channel_constant_shape(xb)
+        if shape is not None and (len(shape) != len(want) or any(dims_conflict(a, b) for a, b in zip(shape, want))):
+            raise fail(ctx, f"{what} has shape {list(shape)}; it must be {list(want)} (one value per input channel, "
+                            f"blocked)")
+    standard = copy.copy(ctx)
+    standard.types = [ctx.types[0], ctx.types[1], ctx.types[4] if ctx.has_input(4) else None]
+    try:
+        out = blocked_shape(_standard_conv_shape(standard, unblocked_shape(xb, block)), block)
+    except ValueError as e:
+        raise fail(ctx, str(e)) from None
+    return [TensorType(dtype, out)]
+
+
+def _pre_act_conv(ctx, xb, w, s, t, b=None):
+    """act(Conv(Relu(Xb * S + T), W, B)) on blocked tensors."""
+    work = _work_dtype(xb.dtype)
+    pre = np.maximum(_as_work(xb, work) * _as_work(s, work) + _as_work(t, work), 0)
+    return [y.astype(xb.dtype, copy=False) for y in _conv_nchwc(ctx, pre, w, b)]
+
+
+def _pre_act_conv_function(node) -> onnx.FunctionProto:
+    body = _Body(node, ["Xb", "W", "S", "T", "B"])
+    xb = _shape_for_export(node, 0)
+    pre = body.add("Relu", body.add("Add", body.add("Mul", body.input(0), body.input(2)), body.input(3)))
+    x = body.from_blocked(pre, xb)
+    attrs = {k: node.attrs[k] for k in CONV_ATTRS if node.attrs.get(k) not in (None, [], ())}
+    y = body.add("Conv", x, body.input(1), *([body.input(4)] if body.has(4) else []), **attrs)
+    block = int(_node_attr(node, "block"))
+    y = body.to_blocked(y, unblocked_shape(node.outputs[0].type.shape, block), block)
+    y = body.activation(y)
+    return body.function(body.add("Cast", y, to=body.dtype.value) if body.dtype is not body.work else y)
+
+
+register_op(
+    "PreActConvNCHWc", domain=DOMAIN, attrs={**CONV_ATTR_SPECS, "block": _BLOCK_SPEC, **_activation_attrs()},
+    infer=_pre_act_conv_infer, compute=_pre_act_conv, onnx_function=_pre_act_conv_function,
+    doc="act(Conv(Relu(Xb * S + T), W, B)) on channel-blocked tensors, S and T per-channel constants "
+        "[1, C/block, 1, 1, block]: ConvNCHWc with its input's BatchNormalization and ReLU computed as it reads it")

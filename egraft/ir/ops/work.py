@@ -39,6 +39,12 @@ def _conv(family: str):
     return work
 
 
+def _pre_act_conv(ctx: WorkContext) -> Work:
+    """PreActConvNCHWc(Xb, W, S, T, B?): the convolution, its epilogue and two operations per
+    input element (a multiply-add and the ReLU, as the kernel stages the input it reads)."""
+    return Work(_conv_flops(ctx) + 2.0 * ctx.input_elems(0) + _epilogue(ctx, 4), "conv_nchwc")
+
+
 def _conv_transpose(ctx: WorkContext) -> Work:
     w = ctx.inputs[1]  # [C, M/g, *K]: every input element scatters M/g * K products
     return Work(2.0 * ctx.input_elems(0) * (math.prod(w[1:]) if w else 1) + _epilogue(ctx, 2), "conv")
@@ -172,6 +178,7 @@ def _register() -> None:
     register_work("FusedConv", _conv("conv"), EGRAFT)
     register_work("ConvNHWC", _conv("conv_nhwc"), EGRAFT)
     register_work("ConvNCHWc", _conv("conv_nchwc"), EGRAFT)
+    register_work("PreActConvNCHWc", _pre_act_conv, EGRAFT)
     register_work("ConvTranspose", _conv_transpose)
     register_work("WinogradConv", _winograd, EGRAFT)
     register_work("WinogradWeights", _winograd_weights, EGRAFT)

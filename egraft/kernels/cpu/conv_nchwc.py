@@ -53,6 +53,7 @@ the input blocks in chunks of 3.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -84,6 +85,7 @@ from egraft.kernels.cpu.emit import (
     splat,
 )
 from egraft.kernels.cpu.llvm import host_vector_bits
+from egraft.kernels.cpu.sgemm import KERNEL_SCRATCH_BYTES
 
 #: Channels per block of the layouts this kernel reads and writes (floats per vector).
 BLOCK = 8
@@ -111,6 +113,8 @@ BALANCED_PIXELS = 4
 CHAINS = 8
 #: Accumulator registers a tile may use (16 ymm: the rest hold the weights and a broadcast).
 MAX_ACCUMULATORS = 12
+#: Bytes of a part's scratch that a pre-activation's staged input rows may take.
+STAGE_BYTES = KERNEL_SCRATCH_BYTES
 
 
 # ---- compile-time plans -----------------------------------------------------------------------------
@@ -364,6 +368,7 @@ class _Row:
     kh_lo: ir.Value
     kh_hi: ir.Value
     chunk: _Chunk
+    oh0: ir.Value | None = None  # the row block's first row (a pre-activation's staged rows start there)
 
 
 class NCHWcEmitter:
@@ -375,7 +380,9 @@ class NCHWcEmitter:
     """
 
     def __init__(self, ctx: KernelContext, geo: ConvGeometry, bias: int | None, residual: int | None,
-                 activation: str = "", params: Sequence[float] = ()):
+                 activation: str = "", params: Sequence[float] = (), prologue: tuple[int, int] | None = None):
+        """``prologue``: the operands ``(S, T)`` of a pre-activation ``Relu(Xb * S + T)`` (a 1x1,
+        stride-1, unpadded convolution only), staged row block by row block in the scratch."""
         self.ctx, self.geo, self.b = ctx, geo, ctx.builder
         self.activation, self.params = activation, list(params)
         self.x, self.y = ctx.in_ptr(0), ctx.out_ptr(0)
@@ -415,6 +422,17 @@ class NCHWcEmitter:
         if not self.rows_outer:
             rows = max(rows, geo.out_h // -(-MIN_ITEMS // len(channel_tiles(geo.out_channels, self.tile))))
         self.rows_per_item = max(1, min(geo.out_h, rows))
+        #: a pre-activation's scale and shift: each part computes Relu(Xb * S + T) of the rows of
+        #: its items into its scratch, once per row block, and the tiles read it from there
+        self.prologue = None if prologue is None else tuple(ctx.in_ptr(i) for i in prologue)
+        if self.prologue is not None:
+            row_bytes = geo.channels * geo.in_w * 4
+            if row_bytes > STAGE_BYTES:
+                raise Unsupported(f"an input row of {row_bytes} bytes outgrows the pre-activation's scratch")
+            self.rows_per_item = max(1, min(self.rows_per_item, STAGE_BYTES // row_bytes))
+            self.stage = ctx.builder.bitcast(ctx.scratch, F32.as_pointer())
+        #: items in row-major order: every channel tile of a row block, then the next block
+        self.items_by_row = self.rows_outer or self.prologue is not None
         self.bias = ctx.in_ptr(bias) if bias is not None else None
         self.z = ctx.in_ptr(residual) if residual is not None else None
         self.kh_lo = constant_table(ctx, "kh_lo", [geo.row_taps(oh)[0] for oh in range(geo.out_h)])
@@ -437,10 +455,13 @@ class NCHWcEmitter:
         lo, hi = ctx.share(tiles * row_blocks)
         with ctx.loop(ctx.dim(geo.batch), name="n") as n:
             with ctx.loop(hi, name="item", start=lo) as item:
-                if self.rows_outer:
+                if self.items_by_row:
                     rows, tile = b.sdiv(item, const64(tiles)), b.srem(item, const64(tiles))
                 else:
                     tile, rows = b.sdiv(item, const64(row_blocks)), b.srem(item, const64(row_blocks))
+                if self.prologue is not None:  # a row block's first item in this part stages its rows
+                    with b.if_then(b.or_(b.icmp_signed("==", tile, const64(0)), b.icmp_signed("==", item, lo))):
+                        self.emit_staging(n, rows)
                 if wide == len(self.tiles):
                     self.emit_item(n, tile, rows, self.tile)
                 else:  # the last tile is narrower
@@ -449,6 +470,35 @@ class NCHWcEmitter:
                             self.emit_item(n, tile, rows, self.tile)
                         with otherwise:
                             self.emit_item(n, tile, rows, self.tiles[-1])
+
+    def emit_staging(self, n: ir.Value, rows: ir.Value) -> None:
+        """``Relu(Xb * S + T)`` of the input rows of row block ``rows`` (those of its output rows:
+        a 1x1, stride-1, unpadded convolution) into the scratch, ``[C/8][rows][W][8]``."""
+        geo, b, ctx = self.geo, self.b, self.ctx
+        scale, shift = self.prologue
+        oh_lo, oh_hi = self.row_range(rows)
+        row_floats = geo.in_w * BLOCK
+        zero = ir.Constant(ir.VectorType(F32, BLOCK), [0.0] * BLOCK)
+        with ctx.loop(self.in_blocks, name="stage_cb") as cb:
+            s = b.load(vector_pointer(b, scale, b.mul(cb, const64(BLOCK)), BLOCK), align=4)
+            t = b.load(vector_pointer(b, shift, b.mul(cb, const64(BLOCK)), BLOCK), align=4)
+            with ctx.loop(oh_hi, name="stage_row", start=oh_lo) as oh:
+                source = affine(b, [(n, self.in_blocks * geo.in_h * row_floats), (cb, geo.in_h * row_floats),
+                                    (oh, row_floats)])
+                target = affine(b, [(cb, self.rows_per_item * row_floats), (b.sub(oh, oh_lo), row_floats)])
+                with ctx.loop(geo.in_w, name="stage_pixel") as iw:
+                    at = b.mul(iw, const64(BLOCK))
+                    v = b.load(vector_pointer(b, self.x, b.add(source, at), BLOCK), align=4)
+                    v = fmuladd(ctx, v, s, t)
+                    v = b.select(b.fcmp_ordered(">", v, zero), v, zero)  # ReLU (0 for a NaN, as max)
+                    b.store(v, vector_pointer(b, self.stage, b.add(target, at), BLOCK), align=4)
+
+    def row_range(self, rows: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """The output rows ``[oh_lo, oh_hi)`` of row block ``rows``."""
+        b = self.b
+        oh_lo = b.mul(rows, const64(self.rows_per_item))
+        oh_hi = b.add(oh_lo, const64(self.rows_per_item))
+        return oh_lo, b.select(b.icmp_signed("<", oh_hi, const64(self.geo.out_h)), oh_hi, const64(self.geo.out_h))
 
     def emit_item(self, n: ir.Value, tile: ir.Value, rows: ir.Value, vectors: int) -> None:
         """Channel tile ``tile`` (of ``vectors`` blocks) over the output rows of row block
@@ -472,13 +522,11 @@ class NCHWcEmitter:
     def emit_rows(self, n: ir.Value, block0: ir.Value, vectors: int, weights: ir.Value, rows: ir.Value,
                   chunk: _Chunk) -> None:
         """The output rows of row block ``rows``, every column, over the input blocks of ``chunk``."""
-        geo, b = self.geo, self.b
-        oh_lo = b.mul(rows, const64(self.rows_per_item))
-        oh_hi = b.add(oh_lo, const64(self.rows_per_item))
-        oh_hi = b.select(b.icmp_signed("<", oh_hi, const64(geo.out_h)), oh_hi, const64(geo.out_h))
+        b = self.b
+        oh_lo, oh_hi = self.row_range(rows)
         with self.ctx.loop(oh_hi, name="oh", start=oh_lo) as oh:
             row = _Row(n, block0, vectors, weights, oh, b.load(b.gep(self.kh_lo, [oh])),
-                       b.load(b.gep(self.kh_hi, [oh])), chunk)
+                       b.load(b.gep(self.kh_hi, [oh])), chunk, oh_lo)
             plan = self.columns
             if plan.loop_count:
                 with self.ctx.loop(plan.loop_count, name="tile") as t:
@@ -493,6 +541,10 @@ class NCHWcEmitter:
         tile's first pixel reads (it may lie in the padding: the taps that would read there
         are not run, or read zeros)."""
         geo, b = self.geo, self.b
+        if self.prologue is not None:  # the staged rows of the pre-activation
+            row_floats = geo.in_w * BLOCK
+            terms = [(cb, self.rows_per_item * row_floats), (b.sub(row.oh, row.oh0), row_floats), (ow0, BLOCK)]
+            return b.gep(self.stage, [affine(b, terms)])
         plane = geo.in_h * geo.in_w * BLOCK  # one input block (an NCHW input has one block)
         image = geo.channels * geo.in_h * geo.in_w
         terms = [(row.n, image), (cb, plane), (row.oh, geo.stride_h * geo.in_w * self.pixel),
@@ -717,6 +769,34 @@ def conv_nchwc(ctx: KernelContext) -> None:
     NCHWcEmitter(ctx, geo, 2 if ctx.has_input(2) else None, residual, activation, params).emit()
 
 
+@register_kernel("PreActConvNCHWc", domain="com.egraft")
+def pre_act_conv_nchwc(ctx: KernelContext) -> None:
+    """egraft's ``PreActConvNCHWc``: ``act(Conv(Relu(Xb * S + T), W, B))`` on channel-blocked
+    tensors, a 1x1, stride-1, unpadded convolution of one group: each part stages the
+    pre-activation of its rows in its scratch (:meth:`NCHWcEmitter.emit_staging`).
+
+    Example: ``PreActConvNCHWc(xb: f32[1, 32, 56, 56, 8], w: f32[128, 256, 1, 1], s, t: f32[1, 32, 1, 1, 8])``.
+    """
+    activation, params = _activation(ctx)
+    given = [i for i in range(5) if ctx.has_input(i)]
+    if ctx.out_type(0).dtype.short != "f32" or any(ctx.in_type(i).dtype.short != "f32" for i in given):
+        raise Unsupported("PreActConvNCHWc has generated code for float32 only")
+    if not ctx.is_constant(1):
+        raise Unsupported("the weights are not a constant (they are packed at compile time)")
+    if conv_symbolic.has_symbolic_spatial_dims(ctx) or nchw_input(ctx):
+        raise Unsupported("PreActConvNCHWc has generated code for blocked inputs of static spatial dims only")
+    geo = blocked_geometry(ctx)
+    if (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w) != (1, 1, 1, 1, 0, 0) \
+            or (geo.in_h, geo.in_w) != (geo.out_h, geo.out_w):
+        raise Unsupported("a pre-activation has generated code for 1x1, stride-1, unpadded convolutions only")
+    for i in (2, 3):
+        if math.prod(ctx.shape(ctx.in_type(i))) != geo.channels:
+            raise Unsupported("the pre-activation's scale and shift must have one value per input channel")
+    ctx.llvm_unroll = False
+    ctx.llvm_loop_vectorize = False
+    NCHWcEmitter(ctx, geo, 4 if ctx.has_input(4) else None, None, activation, params, prologue=(2, 3)).emit()
+
+
 def column_as_row(geo: ConvGeometry) -> ConvGeometry:
     """A convolution down a one-pixel-wide column (``W == 1``, a ``k x 1`` kernel: a 1-D
     convolution stored as ``[N, C, L, 1]``) as the same convolution along a one-row image:
@@ -739,4 +819,4 @@ def column_as_row(geo: ConvGeometry) -> ConvGeometry:
 __all__ = ["BLOCK", "column_as_row", "unblocked_geometry", "TILE_PIXELS", "TILE_VECTORS", "blocked_geometry",
            "tile_blocks", "vector_parts",
            "ColumnPlan", "plan_columns", "accumulator_copies", "channel_tiles", "pack_weights", "NCHWcEmitter",
-           "conv_nchwc"]
+           "conv_nchwc", "pre_act_conv_nchwc"]
