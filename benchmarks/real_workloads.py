@@ -17,7 +17,9 @@ time-stamp counter around each kernel inside the native call). What Python runs 
 native calls (reference kernels, control steps) counts as overhead. Whether more threads
 pay is measured as egraft against itself, 1 and 2 threads in alternating blocks (the column
 "vs 1 thread"): two separate measurements minutes apart would mostly show the machine's
-drift, which on a shared 2-core host reaches 10-25% over seconds. A last table gives
+drift, which on a shared 2-core host reaches 10-25% over seconds. onnxruntime at 1 and 2
+threads runs in the same blocks ("ort vs 1 thread"): what the host gave a mature engine's
+second thread in the same seconds (when the host's other vCPU is busy, neither gets 2x). A last table gives
 each cold compile's seconds per stage, and the compile again with only the kernels' object
 code left in the cache (what a new model sharing its kernels with compiled ones pays).
 
@@ -98,9 +100,11 @@ def _measure(name: str, threads: list[int], budget: float) -> dict:
         compiled.threads = count
         row["runs"][str(count)] = against_onnxruntime(compiled, ort_session(proto, threads=count), feeds, budget)
     if len(threads) > 1:  # egraft against itself: does a thread count pay, measured without drift between
-        own = thread_counts(compiled, feeds, sorted(threads), budget)
+        own = thread_counts(compiled, feeds, sorted(threads), budget,
+                            sessions={c: ort_session(proto, threads=c) for c in threads})
         row["threads_ms"] = {str(c): v["ms"] for c, v in own.items()}
         row["threads_ratio"] = {str(c): v["ratio"] for c, v in own.items()}
+        row["ort_threads_ratio"] = {str(c): v["ort_ratio"] for c, v in own.items()}
         row["split_kernels"] = _split_kernels(compiled, feeds)
     shutil.rmtree(cache / "compiled", ignore_errors=True)  # the model forgotten, its kernels' objects kept
     start = time.perf_counter()
@@ -151,13 +155,14 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                        "error (tolerance)"]
             if against_one:
                 columns.insert(4, f"vs {min(threads)} thread")
-                columns.insert(5, "split kernels")
+                columns.insert(5, f"ort vs {min(threads)} thread")
+                columns.insert(6, "split kernels")
             for column in columns:
                 table.add_column(column, justify="left" if column == "model" else "right")
             ratios, slower, unsplit = [], 0, 0
             for r in chosen:
                 if "failure" in r:
-                    table.add_row(r["model"], "failed", "", "", "", "", escape(r["failure"][:80]))
+                    table.add_row(r["model"], "failed", *[""] * (len(columns) - 3), escape(r["failure"][:80]))
                     continue
                 run = r["runs"][str(count)]
                 ratio = run.get("ratio", run["egraft_ms"] / run["ort_ms"])
@@ -172,8 +177,10 @@ def _print(rows: list[dict], threads: list[int], sets: dict[str, list[str]]) -> 
                     slower += gain > 1.0
                     unsplit += gain > 1.0 and r.get("split_kernels") == 0
                     cells.insert(4, f"{gain:.2f}")
+                    ort_gain = r.get("ort_threads_ratio", {}).get(str(count), float("nan"))
+                    cells.insert(5, f"{ort_gain:.2f}")
                     split = r.get("split_kernels")
-                    cells.insert(5, "?" if split is None else str(split))
+                    cells.insert(6, "?" if split is None else str(split))
                 table.add_row(*cells)
             above = sum(x > 1.5 for x in ratios)
             slowest = max((r["compile_s"] for r in chosen if "failure" not in r), default=float("nan"))

@@ -141,11 +141,15 @@ def against_onnxruntime(compiled, session, feeds: dict, budget_s: float = 2.0) -
                 overhead=max(0.0, (times["egraft"] - kernels_ms) / times["egraft"]))
 
 
-def thread_counts(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0) -> dict[int, dict[str, float]]:
+def thread_counts(compiled, feeds: dict, counts: list[int], budget_s: float = 2.0,
+                  sessions: dict[int, object] | None = None) -> dict[int, dict[str, float]]:
     """egraft at each of ``counts`` threads on ``feeds``, timed against itself in alternating
     blocks (:func:`alternating_blocks`): per count its median milliseconds (``ms``) and its
     time over the first count's (``ratio``, :func:`paired_ratio`). Whether threads pay is then
-    not hidden by the machine's drift between two separate measurements. Leaves
+    not hidden by the machine's drift between two separate measurements. With ``sessions``
+    (onnxruntime sessions by thread count) they run in the same blocks, and each count also
+    gets onnxruntime's own ratio (``ort_ratio``): what the host gave a mature engine's threads
+    in the same seconds (a 2-vCPU host whose other vCPU is busy gives neither 2x). Leaves
     ``compiled.threads`` as it found it.
 
     Example:
@@ -160,9 +164,16 @@ def thread_counts(compiled, feeds: dict, counts: list[int], budget_s: float = 2.
             return compiled.run(feeds)
         return call
 
+    fns = {str(c): at(c) for c in counts}
+    for c, session in (sessions or {}).items():
+        fns[f"ort{c}"] = lambda session=session: session.run(None, feeds)
     try:
-        blocks = alternating_blocks({str(c): at(c) for c in counts}, budget_s=budget_s)
+        blocks = alternating_blocks(fns, budget_s=budget_s * len(fns) / len(counts))
     finally:
         compiled.threads = before
     ms = medians_ms(blocks)
-    return {c: dict(ms=ms[str(c)], ratio=paired_ratio(blocks, str(c), str(counts[0]))) for c in counts}
+    result = {c: dict(ms=ms[str(c)], ratio=paired_ratio(blocks, str(c), str(counts[0]))) for c in counts}
+    if sessions and all(c in sessions for c in counts):
+        for c in counts:
+            result[c]["ort_ratio"] = paired_ratio(blocks, f"ort{c}", f"ort{counts[0]}")
+    return result
