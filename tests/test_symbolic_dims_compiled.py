@@ -256,6 +256,27 @@ def test_one_build_of_large_convolutions_matches_onnxruntime(compiled_large_conv
         np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("n, h, w", [(1, 8, 8), (1, 16, 16), (2, 5, 37)])
+def test_an_image_of_fewer_chunks_than_parts_shares_its_pixels(compiled_large_convolutions, n, h, w,
+                                                               split_every_parallel_kernel):
+    """A product's image of at most one chunk of pixels (an OCR line's 16 x 16) is cut into as
+    many chunks as parts, of whole panels, so that 2 threads share it: the same values at 1
+    and 2 threads as onnxruntime's."""
+    model, compiled = compiled_large_convolutions
+    x = np.random.default_rng(h * w).normal(0, 1, (n, 32, h, w)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip(("y2", "y3", "y4", "y5"), session.run(None, {"x": x})))
+    before = compiled.threads
+    try:
+        for threads in (1, 2):
+            compiled.threads = threads
+            got = compiled.run({"x": x})
+            for name, expected in want.items():
+                np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=f"{name} {threads}")
+    finally:
+        compiled.threads = before
+
+
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("w", [1, 3, 16, 17, 40, 99])
 def test_a_wide_dilated_kernel_over_narrow_symbolic_rows_matches_onnxruntime(w, stride):
