@@ -45,6 +45,17 @@ def split_every_parallel_kernel(monkeypatch):
     monkeypatch.setattr("egraft.lowering.runtime.MIN_PARALLEL_WORK", 0)
 
 
+@pytest.fixture(params=[256, 512], ids=["8-lane vectors", "two blocks as 16-lane vectors"])
+def registers(request, monkeypatch):
+    """Both ways the blocked convolution is emitted, whatever this host's registers: 8-lane
+    vectors per block, or a tile's two blocks as one 16-lane vector (512-bit hosts; LLVM splits
+    it on others), four blocks a tile on wide rows and eight on narrow ones."""
+    from egraft.kernels.cpu import conv_nchwc
+
+    monkeypatch.setattr(conv_nchwc, "host_vector_bits", lambda: request.param)
+    return request.param
+
+
 def check_compiled(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 1e-5, atol: float = 1e-6,
                    generated: bool = True, exact_onnxruntime: bool = False) -> dict[str, np.ndarray]:
     """Compile ``model`` for the CPU (no rewriting) and run it: dtypes, shapes and values

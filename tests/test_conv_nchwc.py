@@ -16,7 +16,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import egraft
 from egraft.ir.ops.layout import DOMAIN, from_blocked, to_blocked
-from egraft.kernels.cpu import conv_nchwc
 from egraft.kernels.cpu.conv_nchwc import pack_weights, plan_columns
 from egraft.lowering.compile import compile_graph
 from egraft.testing.models import scale_relative_error
@@ -104,15 +103,6 @@ CASES = [
     ("5x1 kernel down a one-pixel column (run as a row)", (1, 16, 40, 1), 24, {}),
     ("5x1 kernel, column, stride 2 and pads", (2, 16, 37, 1), 16, {"strides": [2, 1], "pads": [2, 0, 1, 0]}),
 ]
-
-
-@pytest.fixture(params=[256, 512], ids=["8-lane vectors", "two blocks as 16-lane vectors"])
-def registers(request, monkeypatch):
-    """Both ways the kernel is emitted, whatever this host's registers: 8-lane vectors per block,
-    or a tile's two blocks as one 16-lane vector (512-bit hosts; LLVM splits it on others),
-    four blocks a tile on wide rows and eight on narrow ones (the cases have both)."""
-    monkeypatch.setattr(conv_nchwc, "host_vector_bits", lambda: request.param)
-    return request.param
 
 
 @pytest.mark.parametrize("label, x_shape, out_channels, attrs", CASES, ids=[c[0] for c in CASES])

@@ -15,7 +15,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import egraft
 from egraft.ir.ops.layout import DOMAIN, to_blocked
-from egraft.kernels.cpu import conv_nchwc
 from egraft.lowering.compile import compile_graph
 from egraft.testing.models import scale_relative_error
 
@@ -62,13 +61,6 @@ CASES = [
     ("weights beyond L2: blocks of 8 rows, chunks of input blocks", (1, 512, 9, 6), 136, True, "relu"),
     ("7x7 rows: eight-block tiles", (1, 64, 7, 7), 128, False, "relu"),
 ]
-
-
-@pytest.fixture(params=[256, 512], ids=["8-lane vectors", "two blocks as 16-lane vectors"])
-def registers(request, monkeypatch):
-    """Both ways the convolution is emitted, whatever this host's registers (see test_conv_nchwc)."""
-    monkeypatch.setattr(conv_nchwc, "host_vector_bits", lambda: request.param)
-    return request.param
 
 
 @pytest.mark.parametrize("label, x_shape, m, with_bias, activation", CASES, ids=[c[0] for c in CASES])

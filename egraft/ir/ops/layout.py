@@ -340,9 +340,9 @@ def _pre_act_conv_infer(ctx: InferContext) -> list[TensorType]:
     _check_activation(ctx)
     block = _block(ctx)
     xb = _shape_of(ctx, 0, 3, "Xb [N, C/block, *S, block]")
+    want = _channel_constant_shape(xb)
     for index, what in ((2, "the scale S"), (3, "the shift T")):
         shape = ctx.types[index].shape
-        want = _channel_constant_shape(xb)
         if shape is not None and (len(shape) != len(want) or any(dims_conflict(a, b) for a, b in zip(shape, want))):
             raise fail(ctx, f"{what} has shape {list(shape)}; it must be {list(want)} (one value per input channel, "
                             f"blocked)")

@@ -31,7 +31,7 @@ import numpy as np
 from llvmlite import ir
 
 from egraft.ir.dims import dims_equal
-from egraft.kernels.cpu.emit import I64, KernelContext, register_packing
+from egraft.kernels.cpu.emit import I64, KernelContext, imin, register_packing
 from egraft.kernels.cpu.sgemm import (
     BIAS_PER_ROW,
     MAX_SEGMENTS,
@@ -144,8 +144,7 @@ def emit_few_pixels(ctx: KernelContext, geo, bias: int | None, activation: str, 
     nr = blocking().nr
     panel_lo, panel_hi = ctx.share(-(-m // nr))  # this part's panels of output channels
     first = b.mul(panel_lo, ir.Constant(I64, nr))
-    end = b.mul(panel_hi, ir.Constant(I64, nr))
-    end = b.select(b.icmp_signed("<", end, ir.Constant(I64, m)), end, ir.Constant(I64, m))
+    end = imin(b, b.mul(panel_hi, ir.Constant(I64, nr)), ir.Constant(I64, m))
     columns = b.sub(end, first)
 
     def const(v: int) -> ir.Constant:

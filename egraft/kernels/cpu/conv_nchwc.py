@@ -53,7 +53,6 @@ the input blocks in chunks of 3.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -778,20 +777,13 @@ def pre_act_conv_nchwc(ctx: KernelContext) -> None:
     Example: ``PreActConvNCHWc(xb: f32[1, 32, 56, 56, 8], w: f32[128, 256, 1, 1], s, t: f32[1, 32, 1, 1, 8])``.
     """
     activation, params = _activation(ctx)
-    given = [i for i in range(5) if ctx.has_input(i)]
-    if ctx.out_type(0).dtype.short != "f32" or any(ctx.in_type(i).dtype.short != "f32" for i in given):
-        raise Unsupported("PreActConvNCHWc has generated code for float32 only")
-    if not ctx.is_constant(1):
-        raise Unsupported("the weights are not a constant (they are packed at compile time)")
+    _check_operands(ctx, None)  # fp32 (every input: the op's inference), constant weights; S, T: [1, C/8, 1, 1, 8]
     if conv_symbolic.has_symbolic_spatial_dims(ctx) or nchw_input(ctx):
         raise Unsupported("PreActConvNCHWc has generated code for blocked inputs of static spatial dims only")
     geo = blocked_geometry(ctx)
     if (geo.k_h, geo.k_w, geo.stride_h, geo.stride_w, geo.pad_h, geo.pad_w) != (1, 1, 1, 1, 0, 0) \
             or (geo.in_h, geo.in_w) != (geo.out_h, geo.out_w):
         raise Unsupported("a pre-activation has generated code for 1x1, stride-1, unpadded convolutions only")
-    for i in (2, 3):
-        if math.prod(ctx.shape(ctx.in_type(i))) != geo.channels:
-            raise Unsupported("the pre-activation's scale and shift must have one value per input channel")
     ctx.llvm_unroll = False
     ctx.llvm_loop_vectorize = False
     NCHWcEmitter(ctx, geo, 4 if ctx.has_input(4) else None, None, activation, params, prologue=(2, 3)).emit()
