@@ -180,6 +180,8 @@ class Roofline(CostModel):
 
     def op_cost(self, work: Work, node: ENode | None) -> float:
         p = self.profile
+        if work.family in p.unavailable:
+            return math.inf  # the target has no kernel of this family
         compute = work.flops / (p.peak_gflops * p.family_efficiency(work.family) * 1e3)
         traffic = ((work.reads or 0.0) + (work.writes or 0.0)) / (p.family_bandwidth(work.family) * 1e3)
         return max(compute, traffic) + work.launches * (p.launch_us + p.family_call_us(work.family))

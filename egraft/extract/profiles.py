@@ -52,6 +52,8 @@ class Profile:
         call_us: kernel family -> microseconds each call costs beyond its roofline and
             ``launch_us`` (missing = 0): what a kernel pays per call inside a model that its
             flops and bytes do not show (Winograd's three passes over private buffers).
+        unavailable: kernel families the target has no kernels for (``conv_nchwc`` on a GPU):
+            extraction never picks them (their cost is infinite).
         description: one line on what the figures describe.
         source: where the figures come from (``placeholder``, ``measured 2026-12-02``...).
         path: the file it was read from.
@@ -65,6 +67,7 @@ class Profile:
     efficiency: dict[str, float] = field(default_factory=dict)
     bandwidth_efficiency: dict[str, float] = field(default_factory=dict)
     call_us: dict[str, float] = field(default_factory=dict)
+    unavailable: tuple[str, ...] = ()
     description: str = ""
     source: str = ""
     path: str = ""
@@ -89,6 +92,8 @@ class Profile:
             out["bandwidth_efficiency"] = {k: self.bandwidth_efficiency[k] for k in sorted(self.bandwidth_efficiency)}
         if self.call_us:
             out["call_us"] = {k: self.call_us[k] for k in sorted(self.call_us)}
+        if self.unavailable:
+            out["unavailable"] = sorted(self.unavailable)
         return out
 
     def to_toml(self) -> str:
@@ -101,7 +106,11 @@ class Profile:
                  "# Sustained memory bandwidth, GB/s (bytes read plus bytes written).",
                  f"bandwidth_gbs = {self.bandwidth_gbs!r}",
                  "# Cost of starting one kernel, microseconds.",
-                 f"launch_us = {self.launch_us!r}", f"source = {_quote(self.source)}", "",
+                 f"launch_us = {self.launch_us!r}", f"source = {_quote(self.source)}"]
+        if self.unavailable:
+            lines += ["# Kernel families the target has no kernels for (never extracted).",
+                      "unavailable = [" + ", ".join(_quote(f) for f in sorted(self.unavailable)) + "]"]
+        lines += ["",
                  "# The fraction of peak_gflops each kernel family reaches.", "[efficiency]"]
         lines += [f"{k} = {float(self.efficiency.get(k, 1.0))!r}" for k in FAMILIES]
         if self.bandwidth_efficiency:
@@ -200,11 +209,15 @@ def load_profile(name_or_path: str) -> Profile:
     efficiency = _family_table(data, path, "efficiency", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
     bandwidth = _family_table(data, path, "bandwidth_efficiency", lambda v: v > 0, "a positive number")
     call_us = _family_table(data, path, "call_us", lambda v: v >= 0, "a number of microseconds >= 0")
+    unavailable = data.get("unavailable", [])
+    if not isinstance(unavailable, list) or any(f not in FAMILIES for f in unavailable):
+        raise EgraftError(f"{path}: unavailable = {unavailable!r}; expected a list of kernel families "
+                          f"({', '.join(FAMILIES)})")
     return Profile(name=data.get("name", path.stem), target=data.get("target", "cpu"),
                    peak_gflops=float(data["peak_gflops"]), bandwidth_gbs=float(data["bandwidth_gbs"]),
                    launch_us=float(data["launch_us"]),
                    efficiency=efficiency, bandwidth_efficiency=bandwidth, call_us=call_us,
-                   description=data.get("description", ""), source=data.get("source", ""), path=str(path))
+                   unavailable=tuple(sorted(unavailable)), description=data.get("description", ""), source=data.get("source", ""), path=str(path))
 
 
 def save_profile(profile: Profile, force: bool = False) -> Path:

@@ -117,6 +117,8 @@ class Lowered:
     #: the helper compiling the kernels since they were emitted (:mod:`egraft.kernels.cpu.early_compile`),
     #: until :func:`compile_lowered` takes their objects; never pickled
     early: early_compile.Session | None = field(default=None, repr=False, compare=False)
+    #: what the kernels are for: ``cpu`` (LLVM modules) or ``cuda`` (CUDA C, :mod:`egraft.lowering.cuda`)
+    target: str = "cpu"
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "early": None}
@@ -204,7 +206,7 @@ def lower(graph: Graph) -> Lowered:
     return lowered
 
 
-def _lower(graph: Graph) -> Lowered:
+def _lower(graph: Graph, renderer_type: type | None = None) -> Lowered:
     start = time.perf_counter()
     source, graph = graph, inline_constant_ifs(graph)  # an If whose condition is known is its branch
     values: list[Value] = list(graph.inputs)
@@ -217,11 +219,7 @@ def _lower(graph: Graph) -> Lowered:
     symbols = sorted({s for v in values if v.type.shape is not None for s in dim_symbols(v.type.shape)})
     dim_index = {s: k for k, s in enumerate(symbols)}
 
-    kernels = KernelSet()
-    memo = KernelMemo()
     steps: list[Step] = []
-    derived: dict = {}
-    packed_from: dict = {}
     runtime_constants: set[str] = set()
     bodies: dict[int, dict[str, Lowered]] = {}
     output_names = {v.name for v in graph.outputs}
@@ -230,6 +228,7 @@ def _lower(graph: Graph) -> Lowered:
     input_symbols = {s for v in graph.inputs if v.type.shape is not None for s in dim_symbols(v.type.shape)}
     parts: dict[str, tuple[str, int, int]] = {}
     producers: dict[str, Step] = {}
+    renderer = (renderer_type or CpuRenderer)(storage, sharing, output_names, input_symbols)
     for index, node in enumerate(graph.nodes):
         if steps:
             producers.update((v.name, steps[-1]) for v in steps[-1].node.outputs if v is not None)
@@ -238,6 +237,9 @@ def _lower(graph: Graph) -> Lowered:
             steps.append(Step(index, node, "placed"))
             continue
         if is_control(node):  # its bodies become compiled sub-programs (even when its output rank is unknown)
+            if renderer.target != "cpu":
+                steps.append(Step(index, node, "fallback", reason=f"{node.op} bodies are compiled for the CPU only"))
+                continue
             try:
                 bodies[index] = lower_bodies(node, lower, f"{graph.name}#{index}")
             except Unsupported as e:
@@ -262,11 +264,57 @@ def _lower(graph: Graph) -> Lowered:
             if node.inputs[0].const is not None:
                 runtime_constants.add(node.inputs[0].name)
             continue
+        made = renderer.kernel_step(index, node, graph, slots, dim_index, learned, runtime_constants)
+        if isinstance(made, Step):
+            steps.append(made)
+            continue
+        steps.append(Step(index, node, "fallback", reason=made))
+    for step in steps:
+        if step.kind in ("fallback", "control"):
+            runtime_constants.update(v.name for v in step.node.inputs if v is not None and v.const is not None)
+    if trace.enabled("lower"):
+        for step in steps:
+            why = f": {step.reason}" if step.kind == "fallback" else ""
+            outs = ", ".join(f"%{v.name}" for v in step.node.outputs if v is not None)
+            trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
+    buffers, dynamic = _buffers(graph, steps, storage, input_symbols, parts)
+    return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, renderer.kernels,
+                   {"lower": time.perf_counter() - start}, parts, renderer.derived, runtime_constants,
+                   renderer.packed_from, bodies=bodies, source_nodes=None if graph is source else list(source.nodes),
+                   reused_emissions=renderer.reused_emissions, target=renderer.target)
+
+
+class CpuRenderer:
+    """Kernels as LLVM modules for this CPU (:mod:`egraft.kernels.cpu`): the renderer the
+    schedule loop of :func:`lower` asks for each node that is not a view, a placed Concat
+    or a control step. :class:`egraft.lowering.cuda.CudaRenderer` is its CUDA sibling.
+
+    ``kernel_step`` returns the node's kernel :class:`Step`, or the reason it falls back."""
+
+    target = "cpu"
+
+    def __init__(self, storage: dict[str, str], sharing: _StorageGroups, output_names: set[str],
+                 input_symbols: set[str]):
+        self.kernels = KernelSet()
+        self.memo = KernelMemo()
+        self.derived: dict = {}
+        self.packed_from: dict = {}
+        self.storage, self.sharing = storage, sharing
+        self.output_names, self.input_symbols = output_names, input_symbols
+
+    @property
+    def reused_emissions(self) -> int:
+        return self.memo.hits
+
+    def kernel_step(self, index: int, node: Node, graph: Graph, slots: dict[str, int], dim_index: dict[str, int],
+                    learned: list[str], runtime_constants: set[str]) -> Step | str:
+        kernels, memo, derived, packed_from = self.kernels, self.memo, self.derived, self.packed_from
         generator = find_kernel(node.op, node.domain)
         reason = "no generated code for this op"
         if generator is not None:
             if in_place(node.op, node.domain):
-                _reuse_a_dying_input(index, node, storage, slots, sharing, output_names, input_symbols)
+                _reuse_a_dying_input(index, node, self.storage, slots, self.sharing, self.output_names,
+                                     self.input_symbols)
             name = f"k{index}_{node.op}"
             opset = node_opset(graph, node)
             key = memo.key(node, opset, slots)
@@ -283,9 +331,7 @@ def _lower(graph: Graph) -> Lowered:
                 sized = (bool(learned) or _length_assumes_computed_starts(graph, node)) \
                     and node.op in SIZED_BY_INPUT_VALUES and node.domain in ("", "ai.onnx")
                 if learned and not sized:
-                    steps.append(Step(index, node, "fallback",
-                                      reason=f"dim {learned[0]} is known only once this node has run"))
-                    continue
+                    return f"dim {learned[0]} is known only once this node has run"
                 if sized:  # the runtime's inference reads every input, constants included
                     runtime_constants.update(v.name for v in node.inputs if v is not None and v.const is not None)
                 known = len(kernels.modules)
@@ -298,23 +344,9 @@ def _lower(graph: Graph) -> Lowered:
                 packed_from.update(packed)
                 runtime_constants.update(v.name for i, v in enumerate(node.inputs)
                                          if v is not None and v.const is not None and ("in", i) in emission.table_roles)
-                steps.append(Step(index, node, "kernel", function=name, parallel=emission.parallel,
-                                  sized_by_inputs=sized, guards=emission.guards))
-                continue
-        steps.append(Step(index, node, "fallback", reason=reason))
-    for step in steps:
-        if step.kind in ("fallback", "control"):
-            runtime_constants.update(v.name for v in step.node.inputs if v is not None and v.const is not None)
-    if trace.enabled("lower"):
-        for step in steps:
-            why = f": {step.reason}" if step.kind == "fallback" else ""
-            outs = ", ".join(f"%{v.name}" for v in step.node.outputs if v is not None)
-            trace.emit("lower", f"{outs} = {step.node.label} -> {step.kind}{why}")
-    buffers, dynamic = _buffers(graph, steps, storage, input_symbols, parts)
-    return Lowered(graph, steps, slots, storage, buffers, dynamic, symbols, kernels,
-                   {"lower": time.perf_counter() - start}, parts, derived, runtime_constants, packed_from,
-                   bodies=bodies, source_nodes=None if graph is source else list(source.nodes),
-                   reused_emissions=memo.hits)
+                return Step(index, node, "kernel", function=name, parallel=emission.parallel,
+                            sized_by_inputs=sized, guards=emission.guards)
+        return reason
 
 
 def _emit(generator, node: Node, graph: Graph, name: str, opset: int, slots: dict[str, int],

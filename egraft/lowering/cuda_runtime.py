@@ -1,0 +1,264 @@
+"""The CUDA runtime: :class:`CudaModel` runs a :class:`~egraft.lowering.cuda.CudaProgram`
+on a device, one call at a time per model.
+
+A call checks the feeds as the CPU runtime does (names, dtypes, dims), binds the symbolic
+dims, lays out the arena for them (:func:`egraft.lowering.memory.plan_memory`, cached per
+binding), copies the inputs in, launches each kernel step's functions in order on one
+stream with the grids evaluated at those dims, and copies the outputs back: numpy arrays
+in, numpy arrays out (CuPy arrays in stay on the device, and CuPy arrays come out).
+Constants are copied to the device once. A fallback step runs its numpy reference kernel
+on host copies of its inputs.
+
+The device is CuPy's current GPU (:class:`CupyDevice`), or :class:`EmulatedDevice`: the
+same CUDA C compiled for the CPU (:mod:`egraft.testing.cuda_emulator`), which checks a
+model's numbers on a machine without a GPU, slowly. Without either, a call raises
+:class:`NoCudaDevice`, naming what is missing.
+
+Example:
+    >>> model = egraft.compile("model.onnx", target="cuda")         # doctest: +SKIP
+    >>> model.run({"x": x})["y"]                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+
+from egraft.errors import EgraftError, ExecutionError
+from egraft.ir.dims import evaluate_dim
+from egraft.ir.interpreter import Bindings, _run_node, check_feeds
+from egraft.lowering.cuda import CudaProgram
+from egraft.lowering.memory import MemoryPlan, plan_memory
+
+
+class NoCudaDevice(EgraftError):
+    """A CUDA model was run where no CUDA device can be used."""
+
+
+class CupyDevice:
+    """CuPy's current GPU: memory as CuPy arrays, kernels loaded from the cubins."""
+
+    name = "cuda"
+
+    def __init__(self, program: CudaProgram):
+        try:
+            import cupy
+        except ImportError as e:
+            raise NoCudaDevice(f"running a CUDA model needs CuPy and an NVIDIA GPU: {e}; "
+                               "pip install 'egraft[cuda]', or run it with device='emulator' to check "
+                               "its numbers on the CPU") from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # no driver: CUDARuntimeError
+            raise NoCudaDevice(f"no CUDA device: {type(e).__name__}: {e} (this model was compiled for "
+                               f"{program.arch}; run it on a machine with an NVIDIA GPU, or with "
+                               "device='emulator' to check its numbers on the CPU)") from None
+        if count == 0:
+            raise NoCudaDevice(f"no CUDA device (this model was compiled for {program.arch})")
+        self.cp = cupy
+        self.functions: dict[tuple[str, str], object] = {}
+        for digest, module in program.modules.items():
+            loaded = cupy.cuda.function.Module()
+            loaded.load(module.cubin)
+            for launch in program.kernels.kernels[digest].launches:
+                function = loaded.get_function(launch.function)
+                if launch.shared_bytes > 48 * 1024:
+                    function.max_dynamic_shared_size_bytes = launch.shared_bytes
+                self.functions[(digest, launch.function)] = function
+            self.functions[(digest, "")] = loaded  # keeps the module loaded
+
+    def alloc(self, nbytes: int):
+        return self.cp.empty(max(int(nbytes), 1), self.cp.uint8)
+
+    def address(self, buffer) -> int:
+        return int(buffer.data.ptr)
+
+    def upload(self, array: np.ndarray):
+        return self.cp.ascontiguousarray(self.cp.asarray(array))
+
+    def download(self, address: int, shape: tuple, dtype: np.dtype, owner) -> np.ndarray:
+        count = int(np.prod(shape)) if shape else 1
+        memory = self.cp.cuda.MemoryPointer(self.cp.cuda.UnownedMemory(address, count * dtype.itemsize, owner), 0)
+        return self.cp.ndarray(shape, dtype, memory).get()
+
+    def write(self, address: int, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        self.cp.cuda.runtime.memcpy(address, array.ctypes.data, array.nbytes, 1)  # host to device
+
+    def launch(self, program: CudaProgram, digest: str, addresses: list[int], bindings: dict[str, int]) -> None:
+        kernel = program.kernels.kernels[digest]
+        dims = [np.int64(bindings[s]) for s in kernel.symbols]
+        args = tuple(np.uint64(a) for a in addresses) + tuple(dims)
+        for launch in kernel.launches:
+            self.functions[(digest, launch.function)](launch.grid_at(bindings), launch.block, args,
+                                                      shared_mem=launch.shared_bytes)
+
+    def synchronize(self) -> None:
+        self.cp.cuda.get_current_stream().synchronize()
+
+
+class EmulatedDevice:
+    """The CPU standing in for the GPU: host memory, kernels through the emulator."""
+
+    name = "emulator"
+
+    def __init__(self, program: CudaProgram):
+        from egraft.testing.cuda_emulator import emulator
+
+        self.emulator = emulator()
+
+    def alloc(self, nbytes: int):
+        return np.zeros(max(int(nbytes), 1) + 64, np.uint8)
+
+    def address(self, buffer) -> int:
+        return (buffer.ctypes.data + 63) // 64 * 64
+
+    def upload(self, array: np.ndarray):
+        buffer = self.alloc(array.nbytes)
+        self.write(self.address(buffer), array)
+        return buffer
+
+    def download(self, address: int, shape: tuple, dtype: np.dtype, owner) -> np.ndarray:
+        count = int(np.prod(shape)) if shape else 1
+        raw = (np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * (count * dtype.itemsize)).from_address(address))
+               if count else np.zeros(0, np.uint8))
+        return raw.view(dtype).reshape(shape).copy()
+
+    def write(self, address: int, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        if array.nbytes:
+            np.ctypeslib.ctypes.memmove(address, array.ctypes.data, array.nbytes)
+
+    def launch(self, program: CudaProgram, digest: str, addresses: list[int], bindings: dict[str, int]) -> None:
+        self.emulator.launch(program.kernels.kernels[digest], addresses, bindings)
+
+    def synchronize(self) -> None:
+        pass
+
+
+DEVICES = {"cuda": CupyDevice, "emulator": EmulatedDevice}
+
+
+class CudaModel:
+    """A model compiled for CUDA; ``run`` it on feeds (``device``: ``cuda``, the default,
+    or ``emulator``)."""
+
+    def __init__(self, program: CudaProgram, device: str = "cuda"):
+        if device not in DEVICES:
+            raise EgraftError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+        self.program = program
+        self.lowered = program.lowered
+        self.graph = program.lowered.graph
+        self.device_name = device
+        self._device = None
+        self._constants: dict[str, object] = {}
+        self._plans: dict[tuple, MemoryPlan] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def arch(self) -> str:
+        return self.program.arch
+
+    def report(self) -> dict:
+        return self.program.report()
+
+    @property
+    def fallbacks(self) -> list:
+        return [s for s in self.lowered.steps if s.kind == "fallback"]
+
+    def device(self):
+        if self._device is None:
+            self._device = DEVICES[self.device_name](self.program)
+        return self._device
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(feeds)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on ``feeds`` (input name -> array) and return its outputs by name."""
+        with self._lock:  # one call at a time: the arena and the stream are the model's
+            return self._run(feeds)
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        device = self.device()
+        host = {k: (v.get() if hasattr(v, "get") and not isinstance(v, np.ndarray) else v) for k, v in feeds.items()}
+        arrays, bindings = check_feeds(self.graph, host)
+        key = tuple(sorted(bindings.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = plan_memory(self.lowered.buffers, dict(bindings), self.lowered.parts)
+        keep = [device.alloc(plan.peak)]
+        arena = device.address(keep[0])
+        address: dict[str, int] = {}
+        for name, offset in plan.offsets.items():
+            address[name] = arena + offset
+        for v in self.graph.inputs:
+            buffer = device.upload(arrays[v.name])
+            keep.append(buffer)
+            address[v.name] = device.address(buffer)
+        for name, buffer in self._constant_buffers(device).items():
+            address[name] = device.address(buffer)
+        shapes = {}
+
+        def shape_of(v) -> tuple:
+            if v.name not in shapes:
+                shapes[v.name] = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
+            return shapes[v.name]
+
+        def located(v) -> int:
+            if v.name not in address:  # an output, or a value with no arena buffer
+                buffer = device.alloc(int(np.prod(shape_of(v))) * v.type.dtype.numpy.itemsize)
+                keep.append(buffer)
+                address[v.name] = device.address(buffer)
+            return address[v.name]
+
+        calls = {c.step: c for c in self.lowered.kernels.calls}
+        for step in self.lowered.steps:
+            node = step.node
+            if step.kind == "view":
+                source = node.inputs[0]
+                address[node.outputs[0].name] = located(source) + step.offset * source.type.dtype.numpy.itemsize
+            elif step.kind == "kernel":
+                call = calls[step.index]
+                values = {v.name: v for v in (*node.inputs, *node.outputs) if v is not None}
+                device.launch(self.program, call.module, [located(values[n]) for n in call.operands], bindings)
+            elif step.kind == "fallback":
+                self._fallback(device, node, located, shape_of, bindings)
+        device.synchronize()
+        out = {}
+        for v in self.graph.outputs:
+            if v.const is not None:
+                out[v.name] = self.graph.constants[v.const]
+                continue
+            out[v.name] = device.download(located(v), shape_of(v), v.type.dtype.numpy, keep)
+        return out
+
+    def _constant_buffers(self, device) -> dict[str, object]:
+        if not self._constants:
+            for node in self.graph.nodes:
+                for v in node.inputs:
+                    if v is not None and v.const is not None and v.name not in self._constants:
+                        self._constants[v.name] = device.upload(
+                            np.ascontiguousarray(self.graph.constants[v.const], v.type.dtype.numpy))
+        return self._constants
+
+    def _fallback(self, device, node, located, shape_of, bindings: Bindings) -> None:
+        """Run ``node``'s reference kernel on host copies of its inputs; write its outputs back."""
+        device.synchronize()
+        env = {}
+        for v in node.inputs:
+            if v is not None and v.const is None:
+                env[v.name] = device.download(located(v), shape_of(v), v.type.dtype.numpy, None)
+        _run_node(self.graph, node, env, Bindings(bindings), check_outputs=True)
+        for v in node.outputs:
+            if v is None:
+                continue
+            result = env.get(v.name)
+            if result is None:
+                raise ExecutionError(f"{node.label} produced no output %{v.name}")
+            device.write(located(v), np.ascontiguousarray(result, v.type.dtype.numpy))
+
+
+__all__ = ["CudaModel", "CupyDevice", "EmulatedDevice", "NoCudaDevice", "DEVICES"]

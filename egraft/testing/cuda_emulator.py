@@ -1,0 +1,267 @@
+"""Run generated CUDA C on the CPU, so that the CUDA kernels' numbers are checked on a
+machine without a GPU: the same translation unit NVRTC compiles for ``sm_90`` is compiled
+by ``g++`` (C++20) with a shim header that makes ``threadIdx``/``blockIdx`` thread-local
+variables, ``__syncthreads`` a ``std::barrier`` over the block's threads, warp shuffles an
+exchange between the 32 threads of a warp, and ``__shared__`` arrays ``static`` (one
+block runs at a time). A function that never synchronizes runs its threads one after the
+other on one OS thread; one that does runs each of the block's threads on its own.
+
+What it checks: indexing, tiling, edge handling, reductions and epilogues, i.e. what the
+kernel computes. What it cannot: speed, coalescing, races that only a GPU's scheduling
+shows, or warp-synchronous code without ``__syncwarp`` (every lane here runs freely).
+
+Example:
+    >>> emulator = Emulator()                                            # doctest: +SKIP
+    >>> emulator.run(kernel, {("in", 0): x, ("out", 0): y}, {"n": 7})    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from egraft.kernels.cuda.emit import CudaKernel
+
+SHIM = r"""
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __shared__ static
+#define __align__(n) alignas(n)
+struct eg_dim3 { unsigned x = 0, y = 0, z = 0; };
+inline thread_local eg_dim3 threadIdx, blockIdx;
+inline eg_dim3 blockDim, gridDim;
+inline std::barrier<>* eg_block_barrier = nullptr;
+inline unsigned char* eg_dynamic_shared = nullptr;
+struct eg_warp { std::barrier<>* barrier; alignas(8) unsigned char values[32][8]; };
+inline eg_warp* eg_warps = nullptr;
+inline thread_local unsigned eg_linear = 0;
+#define EG_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(eg_dynamic_shared)
+inline void __syncthreads() { eg_block_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { eg_warps[eg_linear / 32].barrier->arrive_and_wait(); }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+template <class T> T eg_shfl(T v, unsigned src) {
+    eg_warp& w = eg_warps[eg_linear / 32];
+    std::memcpy(w.values[eg_linear % 32], &v, sizeof(T));
+    w.barrier->arrive_and_wait();
+    T out; std::memcpy(&out, w.values[src % 32], sizeof(T));
+    w.barrier->arrive_and_wait();
+    return out;
+}
+template <class T> T __shfl_xor_sync(unsigned, T v, int mask, int = 32) { return eg_shfl(v, (eg_linear % 32) ^ mask); }
+template <class T> T __shfl_down_sync(unsigned, T v, unsigned d, int = 32) {
+    unsigned l = eg_linear % 32; return eg_shfl(v, l + d < 32 ? l + d : l);
+}
+template <class T> T __shfl_sync(unsigned, T v, int src, int = 32) { return eg_shfl(v, (unsigned)src); }
+inline std::mutex eg_atomic_lock;
+template <class T> T atomicAdd(T* p, T v) {
+    std::lock_guard<std::mutex> g(eg_atomic_lock); T old = *p; *p = old + v; return old;
+}
+template <class T> T atomicMax(T* p, T v) {
+    std::lock_guard<std::mutex> g(eg_atomic_lock); T old = *p; *p = old > v ? old : v; return old;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+template <class T> T __ldg(const T* p) { return *p; }
+inline float fmaf_(float a, float b, float c) { return std::fma(a, b, c); }
+using std::sqrt; using std::exp;
+"""
+
+LAUNCHER = r"""
+extern "C" int eg_launch(void (*call)(void**), void** args, unsigned gx, unsigned gy, unsigned gz,
+                         unsigned bx, unsigned by, unsigned bz, unsigned long long shared, int threaded) {
+    blockDim = {bx, by, bz}; gridDim = {gx, gy, gz};
+    const unsigned n = bx * by * bz;
+    const unsigned long long blocks = (unsigned long long)gx * gy * gz;
+    std::vector<unsigned char> dynamic(shared + 64);
+    eg_dynamic_shared = dynamic.data() + (64 - ((uintptr_t)dynamic.data() % 64)) % 64;
+    auto set_block = [&](unsigned long long b) {
+        blockIdx = {unsigned(b % gx), unsigned((b / gx) % gy), unsigned(b / ((unsigned long long)gx * gy))};
+    };
+    auto set_thread = [&](unsigned t) { eg_linear = t; threadIdx = {t % bx, (t / bx) % by, t / (bx * by)}; };
+    if (!threaded) {
+        for (unsigned long long b = 0; b < blocks; ++b)
+            for (unsigned t = 0; t < n; ++t) { set_block(b); set_thread(t); call(args); }
+        return 0;
+    }
+    std::barrier<> block(n), end(n);
+    eg_block_barrier = &block;
+    std::vector<eg_warp> warps((n + 31) / 32);
+    std::vector<std::unique_ptr<std::barrier<>>> owned;
+    for (size_t w = 0; w < warps.size(); ++w) {
+        owned.emplace_back(new std::barrier<>(std::min(32u, n - unsigned(32 * w))));
+        warps[w].barrier = owned.back().get();
+    }
+    eg_warps = warps.data();
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < n; ++t)
+        threads.emplace_back([&, t] {
+            set_thread(t);
+            for (unsigned long long b = 0; b < blocks; ++b) { set_block(b); call(args); end.arrive_and_wait(); }
+        });
+    for (auto& th : threads) th.join();
+    return 0;
+}
+"""
+
+_LOCK = threading.Lock()
+
+
+class EmulatorUnavailable(RuntimeError):
+    """No C++20 compiler (``g++``) on this machine."""
+
+
+class Emulator:
+    """Compiles kernels with ``g++`` into shared libraries (cached by source) and runs them."""
+
+    def __init__(self, folder: str | Path | None = None):
+        self.compiler = shutil.which(os.environ.get("CXX", "g++"))
+        if self.compiler is None:
+            raise EmulatorUnavailable("the CUDA emulator needs g++ (C++20)")
+        self.folder = Path(folder or Path(tempfile.gettempdir()) / f"egraft-cuda-emulator-{os.getuid()}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.libraries: dict[str, ctypes.CDLL] = {}
+
+    def library(self, kernel: CudaKernel) -> ctypes.CDLL:
+        """The kernel's translation unit compiled for the CPU (with a wrapper per function)."""
+        wrappers = []
+        for launch in kernel.launches:
+            args = []
+            for k, p in enumerate(kernel.params):
+                args.append(f"*({p.ctype}*)a[{k}]" if p.role[0] == "dim" else f"({p.ctype}*)a[{k}]")
+            wrappers.append(f'extern "C" void eg_call_{launch.function}(void** a) '
+                            f'{{ {launch.function}({", ".join(args)}); }}')
+        text = SHIM + kernel.source + "\n" + "\n".join(dict.fromkeys(wrappers)) + "\n" + LAUNCHER
+        digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+        with _LOCK:
+            if digest in self.libraries:
+                return self.libraries[digest]
+            path = self.folder / f"k{digest}.so"
+            if not path.exists():
+                source = self.folder / f"k{digest}.{os.getpid()}.cpp"
+                source.write_text(text)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                done = subprocess.run([self.compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w",
+                                       "-o", str(tmp), str(source)], capture_output=True, text=True)
+                source.unlink(missing_ok=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"g++ refused the kernel:\n{done.stderr[-4000:]}\n--- source ---\n{text}")
+                os.replace(tmp, path)
+            library = ctypes.CDLL(str(path))
+            library.eg_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_uint] * 6 + \
+                [ctypes.c_ulonglong, ctypes.c_int]
+            self.libraries[digest] = library
+            return library
+
+    def launch(self, kernel: CudaKernel, addresses: list[int], bindings: dict[str, int]) -> None:
+        """Run every launch of ``kernel`` on raw host addresses (one per operand parameter, in
+        order; the dims come from ``bindings``): the emulated device of
+        :class:`egraft.lowering.cuda_runtime.EmulatedDevice`."""
+        library = self.library(kernel)
+        keep = []
+        pointers = (ctypes.c_void_p * len(kernel.params))()
+        operand = iter(addresses)
+        for k, p in enumerate(kernel.params):
+            if p.role[0] == "dim":
+                value = np.array([bindings[p.role[1]]], np.int64)
+                keep.append(value)
+                pointers[k] = value.ctypes.data
+            else:
+                pointers[k] = next(operand)
+        threaded = any(word in kernel.source for word in ("__syncthreads", "__shfl", "__syncwarp"))
+        for launch in kernel.launches:
+            call = getattr(library, f"eg_call_{launch.function}")
+            library.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings), *launch.block,
+                              launch.shared_bytes, int(threaded))
+        del keep
+
+    def run(self, kernel: CudaKernel, arrays: dict[tuple, np.ndarray], bindings: dict[str, int] | None = None) -> None:
+        """Run every launch of ``kernel`` in order on ``arrays`` (by operand role, C-contiguous,
+        of the kernel's element types; outputs are written in place)."""
+        bindings = dict(bindings or {})
+        library = self.library(kernel)
+        keep = []
+        pointers = (ctypes.c_void_p * len(kernel.params))()
+        for k, p in enumerate(kernel.params):
+            if p.role[0] == "dim":
+                value = np.array([bindings[p.role[1]]], np.int64)
+                keep.append(value)
+                pointers[k] = value.ctypes.data
+            else:
+                array = arrays[p.role]
+                if not array.flags.c_contiguous:
+                    raise ValueError(f"operand {p.role} is not C-contiguous")
+                pointers[k] = array.ctypes.data
+        for launch in kernel.launches:
+            threaded = "__syncthreads" in kernel.source or "__shfl" in kernel.source or "__syncwarp" in kernel.source
+            call = getattr(library, f"eg_call_{launch.function}")
+            grid = launch.grid_at(bindings)
+            library.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *grid, *launch.block, launch.shared_bytes,
+                              int(threaded))
+        del keep
+
+
+def emulate_node(node, graph, inputs: list[np.ndarray], bindings: dict[str, int] | None = None,
+                 opset: int | None = None) -> list[np.ndarray]:
+    """Generate ``node``'s CUDA kernel, run it in the emulator on ``inputs`` (one per input
+    slot, ``None`` for an absent one) and return its outputs, shaped by the node's output
+    types at ``bindings``.
+
+    Example:
+        >>> y, = emulate_node(graph.nodes[0], graph, [x])     # doctest: +SKIP
+    """
+    from egraft.ir.dims import evaluate_dim
+    from egraft.ir.infer import node_opset
+    from egraft.kernels.cuda import generate
+
+    bindings = dict(bindings or {})
+    kernel = generate(node, graph, opset or node_opset(graph, node))
+    arrays: dict[tuple, np.ndarray] = {}
+    for i, x in enumerate(inputs):
+        if x is not None:
+            arrays[("in", i)] = np.ascontiguousarray(x, dtype=node.inputs[i].type.dtype.numpy)
+    outputs = []
+    for i, v in enumerate(node.outputs):
+        shape = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
+        out = np.full(shape, np.nan, v.type.dtype.numpy) if v.type.dtype.numpy.kind == "f" \
+            else np.zeros(shape, v.type.dtype.numpy)
+        arrays[("out", i)] = out
+        outputs.append(out)
+    emulator().run(kernel, arrays, bindings)
+    return outputs
+
+
+_DEFAULT: Emulator | None = None
+
+
+def emulator() -> Emulator:
+    """The process's emulator (compiled kernels are kept)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Emulator()
+    return _DEFAULT
+
+
+__all__ = ["Emulator", "emulator", "emulate_node", "EmulatorUnavailable", "SHIM"]
