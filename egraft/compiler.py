@@ -39,7 +39,7 @@ from egraft.ir.assume import assume_graph, check_assumptions, parse_assumptions
 from egraft.ir.graph import Graph
 from egraft.ir.unify import input_assumptions
 
-TARGETS = ("cpu",)
+TARGETS = ("cpu", "cuda")
 
 
 def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, option: str = "shape") -> str | None:
@@ -70,7 +70,8 @@ def unknown_dims_message(bindings: Mapping[str, int], graph: Graph, where: str, 
 def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = None,
             rules: Sequence[str | Path] = (), rules_off: Sequence[str] = (), rewrite: bool = True,
             cost="roofline", extractor: str = "greedy", use_cache: bool = True, threads: int | None = None,
-            specialize: str | None = None, assume: Sequence[str] = (), values: Mapping[str, int] | None = None):
+            specialize: str | None = None, assume: Sequence[str] = (), values: Mapping[str, int] | None = None,
+            arch: str | None = None, device: str = "cuda"):
     """Compile ``model`` for ``target``.
 
     Args:
@@ -78,7 +79,8 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
             a plan (``.json`` from ``egraft plan``): its model is optimized again with the
             plan's settings, and the chosen graph must be the plan's, else the plan is
             refused as stale.
-        target: ``cpu`` (CUDA comes with the CUDA backend).
+        target: ``cpu`` (LLVM, this machine) or ``cuda`` (CUDA C compiled by NVRTC for ``arch``,
+            no GPU needed to compile; :class:`egraft.lowering.cuda_runtime.CudaModel`).
         shape: symbolic dims to bind at compile time (``{"batch": 1}``): a specialized build.
             Unbound dims stay symbolic; one compiled model serves every value of them.
         rules / rules_off: extra rule files and rule sets to switch off, as for optimize.
@@ -100,6 +102,9 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
             their uses read the constant, so an If that they decide runs its branch inline;
             calls still give them and the value given is not checked (``specialize="auto"``
             builds such variants itself, guarded by the value).
+        arch: ``target="cuda"`` only: the GPU architecture (``sm_90``, the default: H100/H200).
+        device: ``target="cuda"`` only: where calls run, ``cuda`` (CuPy's current GPU) or
+            ``emulator`` (the CUDA C compiled for this CPU: slow, to check numbers).
 
     Returns:
         A :class:`egraft.lowering.runtime.CompiledModel` (with ``specialize="auto"`` and
@@ -112,6 +117,10 @@ def compile(model, target: str = "cpu", *, shape: Mapping[str, int] | None = Non
         raise EgraftError(f"target {target!r}: not available; known: {', '.join(TARGETS)}")
     if threads is not None and threads < 1:
         raise EgraftError(f"threads={threads}: give 1 or more")
+    if target == "cuda":
+        return _compile_cuda(model, shape, rules, rules_off, rewrite, cost, extractor, use_cache, arch, device)
+    if arch is not None:
+        raise EgraftError(f"arch={arch!r}: only for target='cuda'")
     source = "specialize"
     if specialize is None:
         specialize, source = default_specialize(), "$EGRAFT_SPECIALIZE"
@@ -156,6 +165,46 @@ def _compile_plan(path: Path, target: str, use_cache: bool):
                           f"plan's (made by egraft {plan['settings']['egraft_version']}); make the plan again "
                           "(egraft plan)")
     return compiled
+
+
+def _compile_cuda(model, shape, rules, rules_off, rewrite: bool, cost, extractor: str, use_cache: bool,
+                  arch: str | None, device: str):
+    """Load, optimize under the CUDA profile, lower to CUDA C and compile it with NVRTC."""
+    from egraft.kernels.cuda.nvrtc import DEFAULT_ARCH, check_arch, nvrtc
+    from egraft.lowering.cuda import compile_cuda, lower_cuda
+    from egraft.lowering.cuda_runtime import DEVICES, CudaModel
+
+    arch = check_arch(arch or DEFAULT_ARCH)
+    if device not in DEVICES:
+        raise EgraftError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+    if isinstance(model, str | Path) and str(model).endswith(".json"):
+        raise EgraftError(f"{model}: compiling a plan for target cuda is not supported yet; give the model")
+    nvrtc()  # a missing toolkit is named before minutes of rewriting
+    import egraft
+
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    graph = model if isinstance(model, Graph) else egraft.load(model if not isinstance(model, str) else Path(model))
+    seconds["load"] = time.perf_counter() - t
+    bindings = dict(sorted((shape or {}).items()))
+    problem = unknown_dims_message(bindings, graph, str(model) if isinstance(model, str | Path) else "the model")
+    if problem:
+        raise InputError(problem)
+    if rewrite:
+        from egraft.optimize import optimize
+
+        t = time.perf_counter()
+        graph = optimize(graph, list(rules), list(rules_off), bindings, cost=cost, extractor=extractor,
+                         target="cuda").graph
+        seconds["optimize"] = time.perf_counter() - t
+    elif bindings:
+        from egraft.ir.specialize import specialize
+
+        graph = specialize(graph, bindings)
+    lowered = lower_cuda(graph)
+    seconds.update(lowered.seconds)
+    lowered.seconds = seconds
+    return CudaModel(compile_cuda(lowered, arch, use_cache=use_cache), device)
 
 
 def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, extractor: str, use_cache: bool,

@@ -127,14 +127,28 @@ def compile_command(
     assume: AssumeOption = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite the files in --output.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    target: Annotated[str, typer.Option(
+        "--target", help="cpu (LLVM for this CPU) or cuda (CUDA C through NVRTC; no GPU needed).")] = "cpu",
+    arch: Annotated[str | None, typer.Option(
+        "--arch", help="--target cuda: the GPU architecture, sm_XX (default sm_90: H100, H200).")] = None,
 ) -> None:
-    """Compile a model to native code for this CPU and report what was generated: kernels,
-    ops left on reference kernels (and why), the memory plan and the time per stage.
+    """Compile a model to native code for this CPU (or CUDA kernels for a GPU) and report what
+    was generated: kernels, ops left on reference kernels (and why), the memory plan and
+    the time per stage; for CUDA, each kernel's registers, spills and shared memory.
 
     Example: egraft compile resnet50 --shape batch=1 -o build/
     """
     import egraft
 
+    if target not in ("cpu", "cuda"):
+        raise fail(f"--target {target}: unknown target; known: cpu, cuda")
+    if target == "cuda":
+        from egraft.cli.cuda import compile_cuda_command
+
+        return compile_cuda_command(model, output, shape, rules, rules_off, no_rewrite, no_cache, force, as_json,
+                                    arch)
+    if arch is not None:
+        raise fail(f"--arch {arch}: only with --target cuda")
     try:
         if output is not None:
             refuse_overwrite(output, force, kind="folder")
