@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from egraft.errors import EgraftError, ExecutionError
 from egraft.ir.dims import evaluate_dim
 from egraft.ir.interpreter import Bindings, _run_node, check_feeds
 from egraft.lowering.cuda import CudaProgram
-from egraft.lowering.memory import MemoryPlan, plan_memory
+from egraft.lowering.memory import plan_memory
 
 
 class NoCudaDevice(EgraftError):
@@ -78,14 +79,37 @@ class CupyDevice:
     def upload(self, array: np.ndarray):
         return self.cp.ascontiguousarray(self.cp.asarray(array))
 
-    def download(self, address: int, shape: tuple, dtype: np.dtype, owner) -> np.ndarray:
+    def download(self, address: int, shape: tuple, dtype: np.dtype, owner, on_device: bool = False):
         count = int(np.prod(shape)) if shape else 1
         memory = self.cp.cuda.MemoryPointer(self.cp.cuda.UnownedMemory(address, count * dtype.itemsize, owner), 0)
-        return self.cp.ndarray(shape, dtype, memory).get()
+        view = self.cp.ndarray(shape, dtype, memory)
+        return view.copy() if on_device else view.get()
 
-    def write(self, address: int, array: np.ndarray) -> None:
-        array = np.ascontiguousarray(array)
-        self.cp.cuda.runtime.memcpy(address, array.ctypes.data, array.nbytes, 1)  # host to device
+    def is_device_array(self, array) -> bool:
+        return isinstance(array, self.cp.ndarray)
+
+    def write(self, address: int, array) -> None:
+        stream = self.cp.cuda.get_current_stream().ptr
+        if isinstance(array, self.cp.ndarray):
+            array = self.cp.ascontiguousarray(array)
+            self.cp.cuda.runtime.memcpyAsync(address, array.data.ptr, array.nbytes, 3, stream)  # device to device
+        else:
+            array = np.ascontiguousarray(array)
+            self.cp.cuda.runtime.memcpyAsync(address, array.ctypes.data, array.nbytes, 1, stream)  # host to device
+            self.synchronize()  # the host array may be freed as soon as this returns
+
+    def capture(self, launches) -> object:
+        """The launches made by ``launches()`` captured on a stream, as a CUDA graph."""
+        stream = self.cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            launches()
+            graph = stream.end_capture()
+        self.graph_stream = stream
+        return graph
+
+    def replay(self, graph) -> None:
+        graph.launch(self.cp.cuda.get_current_stream())
 
     def launch(self, program: CudaProgram, digest: str, addresses: list[int], bindings: dict[str, int]) -> None:
         kernel = program.kernels.kernels[digest]
@@ -120,7 +144,10 @@ class EmulatedDevice:
         self.write(self.address(buffer), array)
         return buffer
 
-    def download(self, address: int, shape: tuple, dtype: np.dtype, owner) -> np.ndarray:
+    def is_device_array(self, array) -> bool:
+        return False
+
+    def download(self, address: int, shape: tuple, dtype: np.dtype, owner, on_device: bool = False) -> np.ndarray:
         count = int(np.prod(shape)) if shape else 1
         raw = (np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * (count * dtype.itemsize)).from_address(address))
                if count else np.zeros(0, np.uint8))
@@ -137,15 +164,35 @@ class EmulatedDevice:
     def synchronize(self) -> None:
         pass
 
+    def capture(self, launches) -> None:
+        return None  # the emulator runs each call's launches
+
+    def replay(self, graph) -> None:
+        raise AssertionError("the emulated device never captures")
+
 
 DEVICES = {"cuda": CupyDevice, "emulator": EmulatedDevice}
 
 
+@dataclass
+class _Bound:
+    """A model's device state at one binding of its dims: buffers, value addresses and shapes,
+    the steps as launches (or fallbacks) on those addresses, and the run captured as a CUDA graph."""
+
+    keep: list = field(default_factory=list)
+    address: dict[str, int] = field(default_factory=dict)
+    shapes: dict[str, tuple] = field(default_factory=dict)
+    actions: list = field(default_factory=list)
+    graph: object | None = None
+
+
 class CudaModel:
     """A model compiled for CUDA; ``run`` it on feeds (``device``: ``cuda``, the default,
-    or ``emulator``)."""
+    or ``emulator``). ``cuda_graph=True`` captures a call's launches as a CUDA graph the
+    first time a binding of the dims is seen and replays it after (one launch from the host
+    per call instead of one per kernel; a model with fallbacks runs eagerly)."""
 
-    def __init__(self, program: CudaProgram, device: str = "cuda"):
+    def __init__(self, program: CudaProgram, device: str = "cuda", cuda_graph: bool = False):
         if device not in DEVICES:
             raise EgraftError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
         self.program = program
@@ -154,7 +201,8 @@ class CudaModel:
         self.device_name = device
         self._device = None
         self._constants: dict[str, object] = {}
-        self._plans: dict[tuple, MemoryPlan] = {}
+        self._bound: dict[tuple, _Bound] = {}
+        self.cuda_graph = cuda_graph
         self._lock = threading.Lock()
 
     @property
@@ -177,63 +225,86 @@ class CudaModel:
         return self.run(feeds)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on ``feeds`` (input name -> array) and return its outputs by name."""
+        """Run the model on ``feeds`` (input name -> numpy or CuPy array) and return its outputs
+        by name: numpy arrays, or CuPy arrays on the device when any feed was one."""
         with self._lock:  # one call at a time: the arena and the stream are the model's
             return self._run(feeds)
 
     def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         device = self.device()
-        host = {k: (v.get() if hasattr(v, "get") and not isinstance(v, np.ndarray) else v) for k, v in feeds.items()}
+        on_device = {k for k, v in feeds.items() if device.is_device_array(v)}
+        # device arrays are checked through a zero-copy stand-in of their shape and dtype
+        host = {k: np.lib.stride_tricks.as_strided(np.zeros(1, v.dtype), v.shape, (0,) * v.ndim)
+                if k in on_device else v for k, v in feeds.items()}
         arrays, bindings = check_feeds(self.graph, host)
         key = tuple(sorted(bindings.items()))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = plan_memory(self.lowered.buffers, dict(bindings), self.lowered.parts)
-        keep = [device.alloc(plan.peak)]
-        arena = device.address(keep[0])
-        address: dict[str, int] = {}
-        for name, offset in plan.offsets.items():
-            address[name] = arena + offset
+        bound = self._bound.get(key)
+        if bound is None:
+            bound = self._bound[key] = self._bind(device, bindings)
         for v in self.graph.inputs:
-            buffer = device.upload(arrays[v.name])
-            keep.append(buffer)
-            address[v.name] = device.address(buffer)
-        for name, buffer in self._constant_buffers(device).items():
-            address[name] = device.address(buffer)
-        shapes = {}
-
-        def shape_of(v) -> tuple:
-            if v.name not in shapes:
-                shapes[v.name] = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
-            return shapes[v.name]
-
-        def located(v) -> int:
-            if v.name not in address:  # an output, or a value with no arena buffer
-                buffer = device.alloc(int(np.prod(shape_of(v))) * v.type.dtype.numpy.itemsize)
-                keep.append(buffer)
-                address[v.name] = device.address(buffer)
-            return address[v.name]
-
-        calls = {c.step: c for c in self.lowered.kernels.calls}
-        for step in self.lowered.steps:
-            node = step.node
-            if step.kind == "view":
-                source = node.inputs[0]
-                address[node.outputs[0].name] = located(source) + step.offset * source.type.dtype.numpy.itemsize
-            elif step.kind == "kernel":
-                call = calls[step.index]
-                values = {v.name: v for v in (*node.inputs, *node.outputs) if v is not None}
-                device.launch(self.program, call.module, [located(values[n]) for n in call.operands], bindings)
-            elif step.kind == "fallback":
-                self._fallback(device, node, located, shape_of, bindings)
+            device.write(bound.address[v.name], feeds[v.name] if v.name in on_device else arrays[v.name])
+        if bound.graph is not None:
+            device.replay(bound.graph)
+        else:
+            for action in bound.actions:
+                if action[0] == "launch":
+                    device.launch(self.program, action[1], action[2], bindings)
+                else:
+                    self._fallback(device, action[1], bound, bindings)
+            if self.cuda_graph and not any(a[0] == "fallback" for a in bound.actions):
+                bound.graph = device.capture(lambda: [device.launch(self.program, a[1], a[2], bindings)
+                                                      for a in bound.actions])
         device.synchronize()
         out = {}
         for v in self.graph.outputs:
             if v.const is not None:
                 out[v.name] = self.graph.constants[v.const]
-                continue
-            out[v.name] = device.download(located(v), shape_of(v), v.type.dtype.numpy, keep)
+            else:
+                out[v.name] = device.download(bound.address[v.name], bound.shapes[v.name], v.type.dtype.numpy,
+                                              bound.keep, bool(on_device))
         return out
+
+    def _bind(self, device, bindings: Bindings) -> _Bound:
+        """The buffers, addresses and launches of a call at ``bindings`` (kept for the next
+        call at the same dims: its arena, inputs and outputs stay where they are, so a CUDA
+        graph captured once replays)."""
+        plan = plan_memory(self.lowered.buffers, dict(bindings), self.lowered.parts)
+        bound = _Bound(keep=[device.alloc(plan.peak)])
+        arena = device.address(bound.keep[0])
+        bound.address.update({name: arena + offset for name, offset in plan.offsets.items()})
+        for name, buffer in self._constant_buffers(device).items():
+            bound.address[name] = device.address(buffer)
+
+        def located(v) -> int:
+            if v.name not in bound.shapes:
+                bound.shapes[v.name] = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
+            if v.name not in bound.address:  # an input, an output, or a value with no arena buffer
+                buffer = device.alloc(int(np.prod(bound.shapes[v.name])) * v.type.dtype.numpy.itemsize)
+                bound.keep.append(buffer)
+                bound.address[v.name] = device.address(buffer)
+            return bound.address[v.name]
+
+        for v in self.graph.inputs:
+            located(v)
+        calls = {c.step: c for c in self.lowered.kernels.calls}
+        for step in self.lowered.steps:
+            node = step.node
+            if step.kind == "view":
+                source = node.inputs[0]
+                bound.address[node.outputs[0].name] = located(source) + step.offset * source.type.dtype.numpy.itemsize
+            elif step.kind == "kernel":
+                call = calls[step.index]
+                values = {v.name: v for v in (*node.inputs, *node.outputs) if v is not None}
+                bound.actions.append(("launch", call.module, [located(values[n]) for n in call.operands]))
+            elif step.kind == "fallback":
+                for v in (*node.inputs, *node.outputs):
+                    if v is not None and v.const is None:
+                        located(v)
+                bound.actions.append(("fallback", node))
+        for v in self.graph.outputs:
+            if v.const is None:
+                located(v)
+        return bound
 
     def _constant_buffers(self, device) -> dict[str, object]:
         if not self._constants:
@@ -244,13 +315,13 @@ class CudaModel:
                             np.ascontiguousarray(self.graph.constants[v.const], v.type.dtype.numpy))
         return self._constants
 
-    def _fallback(self, device, node, located, shape_of, bindings: Bindings) -> None:
+    def _fallback(self, device, node, bound: _Bound, bindings: Bindings) -> None:
         """Run ``node``'s reference kernel on host copies of its inputs; write its outputs back."""
         device.synchronize()
         env = {}
         for v in node.inputs:
             if v is not None and v.const is None:
-                env[v.name] = device.download(located(v), shape_of(v), v.type.dtype.numpy, None)
+                env[v.name] = device.download(bound.address[v.name], bound.shapes[v.name], v.type.dtype.numpy, None)
         _run_node(self.graph, node, env, Bindings(bindings), check_outputs=True)
         for v in node.outputs:
             if v is None:
@@ -258,7 +329,7 @@ class CudaModel:
             result = env.get(v.name)
             if result is None:
                 raise ExecutionError(f"{node.label} produced no output %{v.name}")
-            device.write(located(v), np.ascontiguousarray(result, v.type.dtype.numpy))
+            device.write(bound.address[v.name], np.ascontiguousarray(result, v.type.dtype.numpy))
 
 
 __all__ = ["CudaModel", "CupyDevice", "EmulatedDevice", "NoCudaDevice", "DEVICES"]

@@ -1,0 +1,138 @@
+"""The CUDA backend on whole models, without a GPU: every bundled model and the test
+encoder compile for sm_90 (NVRTC) with every op on a generated kernel and no register
+spills; small models run end to end on the emulated device (the same CUDA C compiled for
+this CPU) and match onnxruntime; running on the GPU where there is none is refused by
+name. The numbers on a real GPU come from ``benchmarks/gpu_check.py``."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import egraft
+from egraft.errors import EgraftError
+from egraft.testing.encoder import encoder_inputs, encoder_model
+from egraft.testing.models import LIGHT_MODELS, light_model_path
+
+cupy = pytest.importorskip("cupy", reason="the CUDA backend compiles with CuPy's NVRTC (pip install 'egraft[cuda]')")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator compiles kernels with g++")
+
+
+def _cuda(model, **kw):
+    return egraft.compile(model, target="cuda", arch="sm_90", **kw)
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _assert_all_compiled(compiled, what: str) -> dict:
+    report = compiled.report()
+    assert report["fallbacks"] == [], f"{what}: ops left on the host: {report['fallbacks']}"
+    assert report["kernels"], f"{what}: no kernel"
+    for k in report["kernels"]:
+        assert k["registers"] is not None and k["registers"] > 0, f"{what}: {k['function']} has no ptxas report"
+        assert k["spill_bytes"] == 0, f"{what}: {k['name']} ({k['op']}) spills {k['spill_bytes']} bytes"
+        assert k["shared_bytes"] <= 48 * 1024, f"{what}: {k['name']} uses {k['shared_bytes']} bytes of shared memory"
+        assert k["threads"] <= 1024
+    return report
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_every_bundled_model_compiles_for_sm90_with_no_fallback_and_no_spill(name):
+    compiled = _cuda(str(light_model_path(name)))
+    report = _assert_all_compiled(compiled, name)
+    assert report["arch"] == "sm_90"
+    ops = {k["op"] for k in report["kernels"]}
+    assert ops & {"com.egraft::FusedConv", "Conv"}, f"{name}: no convolution kernel in {sorted(ops)}"
+
+
+def test_the_encoder_compiles_for_sm90_with_symbolic_batch_and_seq():
+    compiled = _cuda(encoder_model())
+    _assert_all_compiled(compiled, "encoder")
+    symbols = {s for call in compiled.program.kernels.calls for s in call.symbols}
+    assert {"batch", "seq"} <= symbols, "one build serves every batch and sequence length"
+
+
+def _small_cnn() -> onnx.ModelProto:
+    """Conv+BN+Relu, MaxPool, a residual block, a grouped conv, global pooling, Gemm, Softmax."""
+    rng = np.random.default_rng(0)
+
+    def w(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.normal(0, scale, shape)).astype(np.float32), name)
+
+    inits = [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 16, 3, 3, scale=0.1), w("w3", 16, 4, 1, 1),
+             w("fc", 10, 16), w("fcb", 10),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 16).astype(np.float32), "s"),
+             w("t", 16), w("m", 16), numpy_helper.from_array(rng.uniform(0.5, 2, 16).astype(np.float32), "v")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "s", "t", "m", "v"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "p1"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], group=4),
+        helper.make_node("GlobalAveragePool", ["c3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["logits"], transB=1),
+        helper.make_node("Softmax", ["logits"], ["prob"], axis=1),
+    ]
+    graph = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                 ["batch", 3, 13, 11])],
+                              [helper.make_tensor_value_info("prob", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@needs_gxx
+def test_a_small_cnn_runs_on_the_emulated_device_as_onnxruntime_does():
+    model = _small_cnn()
+    compiled = _cuda(model, device="emulator")
+    _assert_all_compiled(compiled, "small_cnn")
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).normal(size=(batch, 3, 13, 11)).astype(np.float32)
+        got = compiled.run({"x": x})["prob"]
+        np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-6)
+
+
+@needs_gxx
+def test_the_encoder_runs_on_the_emulated_device_as_onnxruntime_does():
+    model = encoder_model()
+    compiled = _cuda(model, device="emulator")
+    for batch, seq in ((1, 5), (2, 9)):
+        feeds = encoder_inputs(batch, seq)
+        got = compiled.run(feeds)
+        want = _ort(model, feeds)
+        for name, expected in zip([o.name for o in model.graph.output], want):
+            np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_running_on_a_gpu_where_there_is_none_names_the_missing_device():
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        count = 0
+    if count:
+        pytest.skip("this machine has a CUDA device: nothing is missing")
+    compiled = _cuda(_small_cnn())
+    with pytest.raises(EgraftError, match="no CUDA device.*sm_90.*emulator"):
+        compiled.run({"x": np.zeros((1, 3, 13, 11), np.float32)})
+
+
+def test_a_bad_arch_and_a_bad_device_are_refused_by_name():
+    with pytest.raises(EgraftError, match="--arch sm90: not a CUDA architecture"):
+        egraft.compile(_small_cnn(), target="cuda", arch="sm90")
+    with pytest.raises(EgraftError, match="device 'tpu'"):
+        egraft.compile(_small_cnn(), target="cuda", device="tpu")
+    with pytest.raises(EgraftError, match="only for target='cuda'"):
+        egraft.compile(_small_cnn(), arch="sm_90")
