@@ -27,10 +27,14 @@ def _cuda(model, **kw):
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    """onnxruntime's outputs with its graph rewrites off: on the encoder they move the
+    outputs by 7e-3 (its own fusions approximate), while the unrewritten graph agrees with
+    egraft's float64-checked reference to 1e-6."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
 
@@ -136,3 +140,19 @@ def test_a_bad_arch_and_a_bad_device_are_refused_by_name():
         egraft.compile(_small_cnn(), target="cuda", device="tpu")
     with pytest.raises(EgraftError, match="only for target='cuda'"):
         egraft.compile(_small_cnn(), arch="sm_90")
+
+
+def test_a_slice_sized_by_a_shape_is_checked_on_the_host_per_binding():
+    """The encoder slices its position table to ``Shape(input_ids)[1]``: a kernel, not a
+    fallback; its length is re-derived on the host from the input shapes (no device read), so
+    a sequence longer than the table (64) is refused naming the Slice, as on the CPU."""
+    from egraft.errors import ExecutionError
+    from egraft.lowering.cuda_runtime import CudaModel
+
+    compiled = _cuda(encoder_model())
+    checked = compiled.program.kernels.host_checks
+    assert [compiled.graph.nodes[i].op for i in checked] == ["Slice"]
+    assert {n.op for nodes in checked.values() for n in nodes} >= {"Shape"}
+    with pytest.raises(ExecutionError, match="Slice.*seq=70"):
+        CudaModel(compiled.program, device="emulator")._check_host_sized({"batch": 1, "seq": 70})
+    CudaModel(compiled.program, device="emulator")._check_host_sized({"batch": 1, "seq": 64})

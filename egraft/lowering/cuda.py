@@ -20,12 +20,13 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
+from egraft.ir.dims import dim_symbols
 from egraft.ir.graph import Graph, Node
 from egraft.ir.infer import node_opset
 from egraft.kernels.cuda import find_kernel
 from egraft.kernels.cuda.emit import CudaContext, CudaKernel, Unsupported
 from egraft.kernels.cuda.nvrtc import DEFAULT_ARCH, CompiledModule, check_arch, compile_sources
-from egraft.lowering.compile import SIZED_BY_INPUT_VALUES, Lowered, Step, _lower
+from egraft.lowering.compile import Lowered, Step, _dims_learned_by, _length_assumes_computed_starts, _lower
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class CudaKernelSet:
 
     kernels: dict[str, CudaKernel] = field(default_factory=dict)
     calls: list[CudaCall] = field(default_factory=list)
+    #: kernel steps whose output dims the values of small inputs decide (a Slice to
+    #: ``Shape(x)[1]``), with the nodes that compute those values from input shapes alone:
+    #: the runtime re-derives the dims on the host once per binding and checks them
+    host_checks: dict[int, tuple[Node, ...]] = field(default_factory=dict)
 
     @property
     def modules(self) -> dict[str, str]:
@@ -73,15 +78,21 @@ class CudaRenderer:
         self.kernels = CudaKernelSet()
         self.derived: dict = {}
         self.packed_from: dict = {}
+        self._producers: dict[str, Node] | None = None
 
     def kernel_step(self, index: int, node: Node, graph: Graph, slots: dict[str, int], dim_index: dict[str, int],
                     learned: list[str], runtime_constants: set[str]) -> Step | str:
         generator = find_kernel(node.op, node.domain)
         if generator is None:
             return "no CUDA kernel for this op"
-        if learned or node.op in SIZED_BY_INPUT_VALUES and any(
-                v is not None and v.const is None for v in node.inputs[1:]):
-            return "its output dims depend on input values (computed on the host)"
+        checks = None
+        if learned or _length_assumes_computed_starts(graph, node):
+            # the CPU runtime computes such dims from the input values before the kernel runs; on
+            # a GPU that would read values back to the host mid-run, unless they come from shapes
+            checks = self._from_shapes(graph, node)
+            if checks is None or _dims_learned_by(node, {s for v in graph.inputs if v.type.shape is not None
+                                                          for s in dim_symbols(v.type.shape)}):
+                return "its output dims depend on input values (computed on the host)"
         ctx = CudaContext(node, graph, node_opset(graph, node))
         try:
             generator(ctx)
@@ -97,7 +108,30 @@ class CudaRenderer:
             if kind == "in" and v.const is not None:
                 runtime_constants.add(v.name)
         self.kernels.calls.append(CudaCall(index, name, self.kernels.add(kernel), tuple(values), kernel.symbols))
+        if checks is not None:
+            self.kernels.host_checks[index] = checks
         return Step(index, node, "kernel", function=name)
+
+    def _from_shapes(self, graph: Graph, node: Node) -> tuple[Node, ...] | None:
+        """The nodes (in graph order) that compute ``node``'s computed inputs beyond the first
+        from constants and input *shapes* only (through Shape or Size), or ``None`` when one
+        of them reads an input's values."""
+        if self._producers is None:
+            self._producers = {v.name: n for n in graph.nodes for v in n.outputs if v is not None}
+        needed: dict[int, Node] = {}
+        order = {id(n): k for k, n in enumerate(graph.nodes)}
+        stack = [v for v in node.inputs[1:] if v is not None and v.const is None]
+        while stack:
+            v = stack.pop()
+            producer = self._producers.get(v.name)
+            if producer is None:
+                return None  # a graph input's values
+            if id(producer) in needed:
+                continue
+            needed[id(producer)] = producer
+            if producer.op not in ("Shape", "Size"):
+                stack.extend(u for u in producer.inputs if u is not None and u.const is None)
+        return tuple(sorted(needed.values(), key=lambda n: order[id(n)]))
 
 
 def lower_cuda(graph: Graph) -> Lowered:

@@ -186,6 +186,12 @@ class _Bound:
     graph: object | None = None
 
 
+def _stand_in(v, bindings: Bindings) -> np.ndarray:
+    """A zero-copy array of ``v``'s shape at ``bindings`` and its dtype (every element 0)."""
+    shape = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, v.type.dtype.numpy), shape, (0,) * len(shape))
+
+
 class CudaModel:
     """A model compiled for CUDA; ``run`` it on feeds (``device``: ``cuda``, the default,
     or ``emulator``). ``cuda_graph=True`` captures a call's launches as a CUDA graph the
@@ -268,6 +274,7 @@ class CudaModel:
         """The buffers, addresses and launches of a call at ``bindings`` (kept for the next
         call at the same dims: its arena, inputs and outputs stay where they are, so a CUDA
         graph captured once replays)."""
+        self._check_host_sized(bindings)
         plan = plan_memory(self.lowered.buffers, dict(bindings), self.lowered.parts)
         bound = _Bound(keep=[device.alloc(plan.peak)])
         arena = device.address(bound.keep[0])
@@ -305,6 +312,27 @@ class CudaModel:
             if v.const is None:
                 located(v)
         return bound
+
+    def _check_host_sized(self, bindings: Bindings) -> None:
+        """The output dims of each kernel that small computed inputs size (a Slice to
+        ``Shape(x)[1]``), derived on the host from the input shapes alone and checked against
+        the dims the kernels assume: a binding they contradict is refused, naming the node."""
+        checks = self.lowered.kernels.host_checks
+        if not checks:
+            return
+        env: dict[str, np.ndarray] = {}
+        for v in self.graph.inputs:  # stand-ins: the shapes are all that these nodes read
+            env[v.name] = _stand_in(v, bindings)
+        for index, producers in sorted(checks.items()):
+            node = self.graph.nodes[index]
+            for producer in producers:
+                if not all(o is None or o.name in env for o in producer.outputs):
+                    _run_node(self.graph, producer, env, Bindings(bindings), check_outputs=False)
+            data = node.inputs[0]
+            if data is not None and data.const is None and data.name not in env:
+                env[data.name] = _stand_in(data, bindings)
+            scratch = dict(env)
+            _run_node(self.graph, node, scratch, Bindings(bindings), check_outputs=True)
 
     def _constant_buffers(self, device) -> dict[str, object]:
         if not self._constants:

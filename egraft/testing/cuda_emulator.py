@@ -129,6 +129,15 @@ extern "C" int eg_launch(void (*call)(void**), void** args, unsigned gx, unsigne
 _LOCK = threading.Lock()
 
 
+def synchronizes(kernel: CudaKernel) -> bool:
+    """Whether ``kernel``'s own code (its helpers and functions, not the prelude's unused
+    helpers) synchronizes threads: then each CUDA thread of a block needs an OS thread."""
+    from egraft.kernels.cuda.emit import PRELUDE
+
+    own = kernel.source.replace(PRELUDE.strip(), "")
+    return any(word in own for word in ("__syncthreads", "__shfl", "__syncwarp", "eg_warp_sum", "eg_warp_max"))
+
+
 class EmulatorUnavailable(RuntimeError):
     """No C++20 compiler (``g++``) on this machine."""
 
@@ -143,6 +152,7 @@ class Emulator:
         self.folder = Path(folder or Path(tempfile.gettempdir()) / f"egraft-cuda-emulator-{os.getuid()}")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.libraries: dict[str, ctypes.CDLL] = {}
+        self._locks: dict[str, threading.Lock] = {}
 
     def library(self, kernel: CudaKernel) -> ctypes.CDLL:
         """The kernel's translation unit compiled for the CPU (with a wrapper per function)."""
@@ -156,13 +166,17 @@ class Emulator:
         text = SHIM + kernel.source + "\n" + "\n".join(dict.fromkeys(wrappers)) + "\n" + LAUNCHER
         digest = hashlib.sha256(text.encode()).hexdigest()[:24]
         with _LOCK:
+            lock = self._locks.setdefault(digest, threading.Lock())
+        with lock:  # one compile per kernel; different kernels compile at once
             if digest in self.libraries:
                 return self.libraries[digest]
             path = self.folder / f"k{digest}.so"
             if not path.exists():
-                source = self.folder / f"k{digest}.{os.getpid()}.cpp"
+                self.folder.mkdir(parents=True, exist_ok=True)
+                tag = f"{os.getpid()}.{threading.get_ident()}"
+                source = self.folder / f"k{digest}.{tag}.cpp"
                 source.write_text(text)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp = path.with_suffix(f".{tag}.tmp")
                 done = subprocess.run([self.compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w",
                                        "-o", str(tmp), str(source)], capture_output=True, text=True)
                 source.unlink(missing_ok=True)
@@ -190,7 +204,7 @@ class Emulator:
                 pointers[k] = value.ctypes.data
             else:
                 pointers[k] = next(operand)
-        threaded = any(word in kernel.source for word in ("__syncthreads", "__shfl", "__syncwarp"))
+        threaded = synchronizes(kernel)
         for launch in kernel.launches:
             call = getattr(library, f"eg_call_{launch.function}")
             library.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings), *launch.block,
@@ -214,8 +228,8 @@ class Emulator:
                 if not array.flags.c_contiguous:
                     raise ValueError(f"operand {p.role} is not C-contiguous")
                 pointers[k] = array.ctypes.data
+        threaded = synchronizes(kernel)
         for launch in kernel.launches:
-            threaded = "__syncthreads" in kernel.source or "__shfl" in kernel.source or "__syncwarp" in kernel.source
             call = getattr(library, f"eg_call_{launch.function}")
             grid = launch.grid_at(bindings)
             library.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *grid, *launch.block, launch.shared_bytes,
