@@ -156,3 +156,33 @@ def test_a_slice_sized_by_a_shape_is_checked_on_the_host_per_binding():
     with pytest.raises(ExecutionError, match="Slice.*seq=70"):
         CudaModel(compiled.program, device="emulator")._check_host_sized({"batch": 1, "seq": 70})
     CudaModel(compiled.program, device="emulator")._check_host_sized({"batch": 1, "seq": 64})
+
+
+def test_the_cli_writes_the_cuda_build_and_reports_it(tmp_path):
+    """``egraft compile --target cuda -o DIR --json``: the sources, one cubin per module and a
+    report whose kernels carry ptxas' figures; an existing build is not overwritten without
+    --force; --arch needs --target cuda."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from egraft.cli import app
+
+    runner = CliRunner()
+    model = tmp_path / "small.onnx"
+    onnx.save(_small_cnn(), model)
+    out = tmp_path / "build"
+    result = runner.invoke(app, ["compile", str(model), "--target", "cuda", "--arch", "sm_80", "-o", str(out),
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["arch"] == "sm_80" and report["fallbacks"] == []
+    assert {"name", "op", "registers", "spill_bytes", "shared_bytes"} <= set(report["kernels"][0])
+    assert json.loads((out / "report.json").read_text())["kernels"] == report["kernels"]
+    cubins = sorted((out / "cubins").glob("*.cubin"))
+    assert len(cubins) == report["modules"] and all(c.read_bytes()[:4] == b"\x7fELF" for c in cubins)
+    assert "__global__" in (out / "kernels.cu").read_text()
+    again = runner.invoke(app, ["compile", str(model), "--target", "cuda", "-o", str(out)])
+    assert again.exit_code != 0 and "--force" in again.output
+    wrong = runner.invoke(app, ["compile", str(model), "--arch", "sm_90"])
+    assert wrong.exit_code != 0 and "only with --target cuda" in wrong.output
