@@ -118,6 +118,22 @@ def test_gemm(trans_a, trans_b, c_shape):
           function="eg_gemm")
 
 
+@pytest.mark.parametrize("rows, trans_b, c_shape", [(1, 1, (300,)), (1, 0, (1, 300)), (3, 1, (3, 300)),
+                                                    (8, 0, ()), (2, 1, None)])
+def test_gemm_of_few_rows_runs_as_matrix_vector_products(rows, trans_b, c_shape):
+    """A fully connected layer at a small batch: each column of B read once (a warp per
+    column with transB, 32 columns a block otherwise), K not a multiple of 32 or 8."""
+    b = _f32(300, 203) if trans_b else _f32(203, 300)
+    c = None if c_shape is None else Const(_f32(*c_shape))
+    check("Gemm", {"a": _f32(rows, 203), "b": Const(b), "c": c}, alpha=0.75, beta=0.5, transB=trans_b,
+          function="eg_gemv")
+
+
+def test_fused_gemm_of_one_row_fuses_its_epilogue():
+    check("FusedGemm", {"a": _f32(1, 77), "b": Const(_f32(130, 77)), "c": Const(_f32(130)), "z": _f32(1, 130)},
+          domain="com.egraft", transB=1, activation="relu", function="eg_gemv")
+
+
 def test_gemm_symbolic_rows():
     check("Gemm", {"a": _f32(3, 40), "b": Const(_f32(20, 40)), "c": Const(_f32(20))}, dims={"a": ["batch", 40]},
           transB=1, more_feeds=[{"a": _f32(67, 40)}])

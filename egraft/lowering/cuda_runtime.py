@@ -65,8 +65,10 @@ class CupyDevice:
             loaded.load(module.cubin)
             for launch in program.kernels.kernels[digest].launches:
                 function = loaded.get_function(launch.function)
-                if launch.shared_bytes > 48 * 1024:
-                    function.max_dynamic_shared_size_bytes = launch.shared_bytes
+                if launch.shared_bytes > 48 * 1024:  # above 48 KiB a function must opt in
+                    driver = cupy.cuda.driver
+                    driver.funcSetAttribute(function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            launch.shared_bytes)
                 self.functions[(digest, launch.function)] = function
             self.functions[(digest, "")] = loaded  # keeps the module loaded
 

@@ -410,11 +410,96 @@ def gemm_kernel(ctx: CudaContext) -> None:
         if strides is not None and scale != 0.0:
             addends.append(Term(ctx.x(i), "0LL", strided(ctx.dim(strides[0])), strided_columns(ctx.dim(strides[1])),
                                 scale))
-    out = Term(ctx.y(0), "0LL", strided("N"), strided_columns("1LL"))
     activation = activation_code(ctx.attr("activation", ""), ctx.attr("activation_params", []), "v")
+    if not trans_a and isinstance(m, int) and m <= GEMV_ROWS and not (isinstance(n, int) and n < 128):
+        return _gemv(ctx, m, cn, ck, trans_b, addends, float(ctx.attr("alpha", 1.0)), activation)
+    out = Term(ctx.y(0), "0LL", strided("N"), strided_columns("1LL"))
     tile = pick_tile(m, n)
     body = gemm_body(tile, cm, cn, ck, "", a, b, out, addends, float(ctx.attr("alpha", 1.0)), activation)
     ctx.function("eg_gemm", body, grid=gemm_grid(ctx, tile, m, n), block=tile.threads)
+
+
+#: A Gemm with at most this many rows (a fully connected layer at a small batch) runs as
+#: matrix-vector products: the tile loop would leave most of a 32-row tile idle and, with
+#: one block per 128 columns, most of the GPU's SMs too.
+GEMV_ROWS = 8
+
+
+def _gemv(ctx: CudaContext, m: int, cn: str, ck: str, trans_b: bool, addends: list, alpha: float,
+          activation: str) -> None:
+    """``act(alpha * A @ B' + addends)`` for ``m <= GEMV_ROWS`` rows of A ``[m, K]``: each
+    column of B' read once, coalesced. With ``transB`` (B is ``[N, K]``, PyTorch's Linear
+    weight) a warp takes a column and its lanes stride K, summed by shuffles; otherwise (B
+    is ``[K, N]``) a block takes 32 columns, its 8 warps 8 slices of K, summed in shared
+    memory. Every row's accumulator stays in registers."""
+    a, b, y = ctx.x(0), ctx.x(1), ctx.y(0)
+    rows = range(m)
+    zero = "\n".join(f"float acc{r} = 0.0f;" for r in rows)
+    fma = "\n".join(f"acc{r} += {a}[{r}LL * K + kk] * w;" for r in rows)
+
+    def epilogue(indent: str) -> str:
+        lines = []
+        for r in rows:
+            lines.append(f"{{ float v = acc{r};")
+            if alpha != 1.0:
+                lines.append(f"v *= {alpha!r}f;")
+            for term in addends:
+                index = f"{term.base} + {term.row(str(r))} + {term.col(0)}"
+                value = f"{term.pointer}[{index}]"
+                lines.append(f"v += {value};" if term.scale == 1.0 else f"v += {float(term.scale)!r}f * {value};")
+            if activation != "v":
+                lines.append(f"v = {activation};")
+            lines.append(f"{y}[{r}LL * N + n_0] = v; }}")
+        return "\n".join(indent + line for line in lines)
+
+    if trans_b:
+        reduce = "\n".join(f"acc{r} = eg_warp_sum(acc{r});" for r in rows)
+        body = f"""const long long N = {cn}, K = {ck};
+const long long column = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+const int lane = threadIdx.x & 31;
+const bool active = column < N;  /* no early return: the whole warp reduces */
+const long long n_0 = active ? column : 0LL;
+{zero}
+if (active) {{
+    const float* wrow = {b} + n_0 * K;
+    for (long long kk = lane; kk < K; kk += 32) {{
+        const float w = wrow[kk];
+{fma}
+    }}
+}}
+{reduce}
+if (active && lane == 0) {{
+{epilogue("    ")}
+}}"""
+        ctx.function("eg_gemv", body, grid=ctx.blocks_for(_columns(ctx), 8), block=256)
+        return
+    shared_rows = m * 8 * 33
+    stash = "\n".join(f"part[({r} * 8 + slice) * 33 + lane] = acc{r};" for r in rows)
+    gather = "\n".join(f"acc{r} = 0.0f; for (int s = 0; s < 8; ++s) acc{r} += part[({r} * 8 + s) * 33 + lane];"
+                        for r in rows)
+    body = f"""__shared__ float part[{shared_rows}];
+const long long N = {cn}, K = {ck};
+const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
+const long long n_0 = (long long)blockIdx.x * 32 + lane;
+{zero}
+if (n_0 < N) {{
+    for (long long kk = slice; kk < K; kk += 8) {{
+        const float w = {b}[kk * N + n_0];
+{fma}
+    }}
+}}
+{stash}
+__syncthreads();
+if (slice == 0 && n_0 < N) {{
+{gather}
+{epilogue("    ")}
+}}"""
+    ctx.function("eg_gemv", body, grid=ctx.blocks_for(_columns(ctx), 32), block=256)
+
+
+def _columns(ctx: CudaContext):
+    """N, the output's columns (a dim)."""
+    return ctx.out_shape(0)[1]
 
 
 # ---- MatMul, FusedMatMul -----------------------------------------------------------------------
