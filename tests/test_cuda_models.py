@@ -186,3 +186,33 @@ def test_the_cli_writes_the_cuda_build_and_reports_it(tmp_path):
     assert again.exit_code != 0 and "--force" in again.output
     wrong = runner.invoke(app, ["compile", str(model), "--arch", "sm_90"])
     assert wrong.exit_code != 0 and "only with --target cuda" in wrong.output
+
+
+def _gpu_count() -> int:
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return 0
+
+
+@pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA device (benchmarks/gpu_check.py runs it where one is)")
+def test_small_models_on_the_gpu_match_onnxruntime():
+    """On a real GPU: the small CNN and the encoder, eagerly, with CuPy arrays in, and replayed
+    as a CUDA graph, all as onnxruntime computes them."""
+    from egraft.lowering.cuda_runtime import CudaModel
+
+    model = _small_cnn()
+    arch = "sm_{}{}".format(*cupy.cuda.Device().compute_capability)
+    compiled = egraft.compile(model, target="cuda", arch=arch)
+    x = np.random.default_rng(5).normal(size=(2, 3, 13, 11)).astype(np.float32)
+    want = _ort(model, {"x": x})[0]
+    np.testing.assert_allclose(compiled.run({"x": x})["prob"], want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(compiled.run({"x": cupy.asarray(x)})["prob"].get(), want, rtol=1e-4, atol=1e-6)
+    graphed = CudaModel(compiled.program, cuda_graph=True)
+    for _ in range(3):
+        np.testing.assert_allclose(graphed.run({"x": x})["prob"], want, rtol=1e-4, atol=1e-6)
+    encoder = encoder_model()
+    compiled = egraft.compile(encoder, target="cuda", arch=arch)
+    feeds = encoder_inputs(2, 9)
+    for name, expected in zip([o.name for o in encoder.graph.output], _ort(encoder, feeds)):
+        np.testing.assert_allclose(compiled.run(feeds)[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)

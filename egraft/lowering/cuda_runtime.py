@@ -256,13 +256,20 @@ class CudaModel:
         else:
             for action in bound.actions:
                 if action[0] == "launch":
-                    device.launch(self.program, action[1], action[2], bindings)
+                    try:
+                        device.launch(self.program, action[1], action[2], bindings)
+                    except Exception as e:  # CuPy's CUDA errors: named by the step, never a traceback
+                        raise ExecutionError(f"the CUDA kernel of {action[3]} failed to launch: "
+                                             f"{type(e).__name__}: {e}") from None
                 else:
                     self._fallback(device, action[1], bound, bindings)
             if self.cuda_graph and not any(a[0] == "fallback" for a in bound.actions):
                 bound.graph = device.capture(lambda: [device.launch(self.program, a[1], a[2], bindings)
                                                       for a in bound.actions])
-        device.synchronize()
+        try:
+            device.synchronize()
+        except Exception as e:  # an asynchronous fault in some kernel of the run
+            raise ExecutionError(f"a CUDA kernel of this run failed: {type(e).__name__}: {e}") from None
         out = {}
         for v in self.graph.outputs:
             if v.const is not None:
@@ -304,7 +311,7 @@ class CudaModel:
             elif step.kind == "kernel":
                 call = calls[step.index]
                 values = {v.name: v for v in (*node.inputs, *node.outputs) if v is not None}
-                bound.actions.append(("launch", call.module, [located(values[n]) for n in call.operands]))
+                bound.actions.append(("launch", call.module, [located(values[n]) for n in call.operands], node.label))
             elif step.kind == "fallback":
                 for v in (*node.inputs, *node.outputs):
                     if v is not None and v.const is None:
