@@ -216,3 +216,39 @@ def test_small_models_on_the_gpu_match_onnxruntime():
     feeds = encoder_inputs(2, 9)
     for name, expected in zip([o.name for o in encoder.graph.output], _ort(encoder, feeds)):
         np.testing.assert_allclose(compiled.run(feeds)[name], expected, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_docstring_examples_of_the_cuda_modules():
+    import doctest
+
+    from egraft.kernels.cuda import emit, nvrtc
+
+    for module in (emit, nvrtc):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_a_profile_can_mark_kernel_families_unavailable(tmp_path):
+    """The cuda profile has no NCHW8c, NHWC or Winograd kernels: their cost is infinite, so a
+    convolution never extracts as one; a family name that does not exist is refused."""
+    import math
+
+    from egraft.extract.cost import Roofline
+    from egraft.extract.profiles import load_profile
+    from egraft.ir.work import Work
+
+    cuda = load_profile("cuda-h200")
+    assert set(cuda.unavailable) == {"conv_nchwc", "conv_nhwc", "winograd"}
+    assert math.isinf(Roofline(cuda).op_cost(Work(1e6, "winograd"), None))
+    assert Roofline(cuda).op_cost(Work(1e6, "conv"), None) < 100
+    assert load_profile(str(_saved(tmp_path, cuda))).unavailable == cuda.unavailable
+    bad = tmp_path / "bad.toml"
+    bad.write_text(cuda.to_toml().replace('"winograd"', '"wingrad"'))
+    with pytest.raises(EgraftError, match="unavailable.*wingrad"):
+        load_profile(str(bad))
+
+
+def _saved(folder, profile):
+    path = folder / "copy.toml"
+    path.write_text(profile.to_toml())
+    return path

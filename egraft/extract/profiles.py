@@ -217,7 +217,8 @@ def load_profile(name_or_path: str) -> Profile:
                    peak_gflops=float(data["peak_gflops"]), bandwidth_gbs=float(data["bandwidth_gbs"]),
                    launch_us=float(data["launch_us"]),
                    efficiency=efficiency, bandwidth_efficiency=bandwidth, call_us=call_us,
-                   unavailable=tuple(sorted(unavailable)), description=data.get("description", ""), source=data.get("source", ""), path=str(path))
+                   unavailable=tuple(sorted(unavailable)), description=data.get("description", ""),
+                   source=data.get("source", ""), path=str(path))
 
 
 def save_profile(profile: Profile, force: bool = False) -> Path:

@@ -199,7 +199,7 @@ class CudaContext:
 
         Example:
             >>> CudaContext(None, None).dim(sympy.floor(sympy.Symbol("h") / 2) + 1)
-            '(eg_floordiv(d_h, 2) + 1LL)'
+            '(1LL + eg_floordiv(d_h, 2))'
         """
         if isinstance(d, int | np.integer):
             return f"{int(d)}LL"
