@@ -29,7 +29,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # n
 from egraft.testing.bench import temporary_cache  # noqa: E402
 from egraft.testing.corpus import entries, fetch, make_feeds, model_path  # noqa: E402
 from egraft.testing.corpus.compare import ort_sensitivity  # noqa: E402
-from egraft.testing.corpus.run import BACKENDS, Result, run_model  # noqa: E402
+from egraft.testing.corpus.run import ALL_BACKENDS, BACKENDS, Result, run_model  # noqa: E402
 
 MARK = "@@corpus-result@@"
 #: Rows whose error is above this also show how far onnxruntime moves from itself on data
@@ -79,7 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these models only")
     parser.add_argument("--fast", action="store_true", help="the fast (CI) subset only")
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=ALL_BACKENDS,
+                        help="cuda-emulated: the CUDA build on the emulated device (slow)")
     parser.add_argument("--json", metavar="FILE", help="also write every result as JSON")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per model and backend (default 900)")
@@ -104,49 +105,33 @@ def main() -> None:
     from rich.table import Table
 
     table = Table(title="egraft on the real-model corpus (error: scale-relative vs onnxruntime basic, 1 thread)")
-    for column in (
-        "model",
-        "task",
-        "exporter",
-        "binding",
-        "reference err",
-        "compiled err",
-        "fallbacks",
-        "compile s",
-        "tolerance",
-        "ort vs itself",
-        "result",
-    ):
-        table.add_column(column, justify="right" if column in ("fallbacks", "compile s") else "left")
+    built = [b for b in args.backends if b != "reference"]  # the backends that compile: fallbacks, seconds
+    columns = ["model", "task", "exporter", "binding", *(f"{b} err" for b in args.backends)]
+    for b in built:
+        columns += [f"{b} fallbacks", f"{b} compile s"]
+    columns += ["tolerance", "ort vs itself", "result"]
+    for column in columns:
+        table.add_column(column, justify="right" if column.endswith(("fallbacks", "compile s")) else "left")
     by_key = {(r.model, r.backend, r.binding): r for r in results}
     passed = total = 0
     for e in chosen:
         for b in e.bindings:
-            ref = by_key.get((e.name, "reference", b.label))
-            comp = by_key.get((e.name, "compiled", b.label))
-            ran = [r for r in (ref, comp) if r is not None]
+            runs = {backend: by_key.get((e.name, backend, b.label)) for backend in args.backends}
+            ran = [r for r in runs.values() if r is not None]
             ok = all(r.passed for r in ran)
             passed += sum(r.passed for r in ran)
             total += len(ran)
-            compile_s = f"{comp.compile_seconds:.1f}" if comp and comp.compile_seconds is not None else "-"
-            fallbacks = str(comp.fallbacks) if comp and comp.fallbacks is not None else "-"
+            cells = [_error_cell(runs[backend]) for backend in args.backends]
+            for backend in built:
+                r = runs[backend]
+                cells.append(str(r.fallbacks) if r and r.fallbacks is not None else "-")
+                cells.append(f"{r.compile_seconds:.1f}" if r and r.compile_seconds is not None else "-")
             errors = [r.error for r in ran if r.error is not None]
             itself = "-"
             if errors and max(errors) > DEFAULT_TOLERANCE:  # is the model this sensitive to rounding?
                 itself = f"{ort_sensitivity(model_path(e.name), make_feeds(e, b, args.seed)):.2e}"
-            table.add_row(
-                e.name,
-                e.task,
-                e.exporter,
-                b.label,
-                _error_cell(ref),
-                _error_cell(comp),
-                fallbacks,
-                compile_s,
-                f"{e.tolerance:g}",
-                itself,
-                "pass" if ok else "FAIL",
-            )
+            table.add_row(e.name, e.task, e.exporter, b.label, *cells, f"{e.tolerance:g}", itself,
+                          "pass" if ok else "FAIL")
     console = Console(width=220)
     console.print(table)
     console.print(f"{passed} of {total} model/backend/binding runs pass")

@@ -24,6 +24,8 @@ from egraft.testing.corpus.compare import compare_outputs, ort_outputs, ort_sess
 
 #: The egraft backends a corpus model runs on.
 BACKENDS = ("reference", "compiled")
+#: Also: the CUDA build run on the emulated device (the CUDA C compiled for this CPU: slow).
+ALL_BACKENDS = (*BACKENDS, "cuda-emulated")
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,14 @@ def _prepare(backend: str, path: Path):
         return egraft.load(path)
     if backend == "compiled":
         return egraft.compile(path, specialize="off")  # the generic build: what the corpus judges
-    raise ValueError(f"backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == "cuda-emulated":
+        return egraft.compile(path, target="cuda", device="emulator")
+    raise ValueError(f"backend {backend!r}; known: {', '.join(ALL_BACKENDS)}")
 
 
 def _fallbacks(runner, binding: Binding) -> int | None:
+    if hasattr(runner, "program"):  # a CUDA model: the same fallbacks at every binding
+        return len(runner.report()["fallbacks"])
     try:
         return len(runner.report(binding.dims).fallbacks)
     except Exception:  # a report is a nicety; the run decides
@@ -113,7 +119,7 @@ def run_model(e: Entry | str, backend: str, seed: int = 0, path: Path | None = N
     results = []
     for binding in e.bindings:
         feeds = make_feeds(e, binding, seed)
-        fallbacks = _fallbacks(runner, binding) if backend == "compiled" else None
+        fallbacks = _fallbacks(runner, binding) if backend != "reference" else None
         row = dict(base, binding=binding.label, fallbacks=fallbacks, compile_seconds=prepare_seconds)
         try:
             reference = ort_outputs(path, feeds, session)
@@ -134,4 +140,4 @@ def run_model(e: Entry | str, backend: str, seed: int = 0, path: Path | None = N
     return results
 
 
-__all__ = ["BACKENDS", "Result", "describe", "run_model"]
+__all__ = ["BACKENDS", "ALL_BACKENDS", "Result", "describe", "run_model"]
