@@ -147,6 +147,7 @@ def test_a_slice_sized_by_a_shape_is_checked_on_the_host_per_binding():
     fallback; its length is re-derived on the host from the input shapes (no device read), so
     a sequence longer than the table (64) is refused naming the Slice, as on the CPU."""
     from egraft.errors import ExecutionError
+    from egraft.ir.interpreter import Bindings
     from egraft.lowering.cuda_runtime import CudaModel
 
     compiled = _cuda(encoder_model())
@@ -154,8 +155,8 @@ def test_a_slice_sized_by_a_shape_is_checked_on_the_host_per_binding():
     assert [compiled.graph.nodes[i].op for i in checked] == ["Slice"]
     assert {n.op for nodes in checked.values() for n in nodes} >= {"Shape"}
     with pytest.raises(ExecutionError, match="Slice.*seq=70"):
-        CudaModel(compiled.program, device="emulator")._check_host_sized({"batch": 1, "seq": 70})
-    CudaModel(compiled.program, device="emulator")._check_host_sized({"batch": 1, "seq": 64})
+        CudaModel(compiled.program, device="emulator")._check_host_sized(Bindings(batch=1, seq=70))
+    CudaModel(compiled.program, device="emulator")._check_host_sized(Bindings(batch=1, seq=64))
 
 
 def test_the_cli_writes_the_cuda_build_and_reports_it(tmp_path):
@@ -252,3 +253,27 @@ def _saved(folder, profile):
     path = folder / "copy.toml"
     path.write_text(profile.to_toml())
     return path
+
+
+@needs_gxx
+def test_a_range_sized_by_a_shape_runs_on_the_device_with_its_length_bound_on_the_host():
+    """``Range(0, Shape(x)[1])`` has a fresh length ``_d0`` on the CPU, bound only when it runs;
+    its CUDA kernel's length is derived on the host from the input shapes when a binding is
+    first seen, so the run has no fallback and no device-to-host read."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+        helper.make_node("Range", ["zero", "n", "step"], ["r"]),
+        helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "rf"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("one", 1), ("zero", 0), ("step", 1))]
+    model = helper.make_model(helper.make_graph(
+        nodes, "ranged", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    compiled = _cuda(model, device="emulator", rewrite=False)
+    assert compiled.report()["fallbacks"] == []
+    for shape in ((2, 5), (3, 9)):
+        x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-6)

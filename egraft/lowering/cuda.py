@@ -20,13 +20,12 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
-from egraft.ir.dims import dim_symbols
 from egraft.ir.graph import Graph, Node
 from egraft.ir.infer import node_opset
 from egraft.kernels.cuda import find_kernel
 from egraft.kernels.cuda.emit import CudaContext, CudaKernel, Unsupported
 from egraft.kernels.cuda.nvrtc import DEFAULT_ARCH, CompiledModule, check_arch, compile_sources
-from egraft.lowering.compile import Lowered, Step, _dims_learned_by, _length_assumes_computed_starts, _lower
+from egraft.lowering.compile import Lowered, Step, _length_assumes_computed_starts, _lower
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,13 @@ class CudaKernelSet:
     kernels: dict[str, CudaKernel] = field(default_factory=dict)
     calls: list[CudaCall] = field(default_factory=list)
     #: kernel steps whose output dims the values of small inputs decide (a Slice to
-    #: ``Shape(x)[1]``), with the nodes that compute those values from input shapes alone:
-    #: the runtime re-derives the dims on the host once per binding and checks them
+    #: ``Shape(x)[1]``, a ``Range(0, Shape(x)[2])``), with the nodes that compute those values
+    #: from input shapes alone: the runtime derives the dims on the host once per binding,
+    #: binding the fresh ones (``_d0``) and checking the others
     host_checks: dict[int, tuple[Node, ...]] = field(default_factory=dict)
+    #: kernel steps whose code takes two dims for equal that inference could not prove
+    #: equal: step index -> ((dim, dim), ...), checked per binding by the runtime
+    guards: dict[int, tuple] = field(default_factory=dict)
 
     @property
     def modules(self) -> dict[str, str]:
@@ -90,8 +93,7 @@ class CudaRenderer:
             # the CPU runtime computes such dims from the input values before the kernel runs; on
             # a GPU that would read values back to the host mid-run, unless they come from shapes
             checks = self._from_shapes(graph, node)
-            if checks is None or _dims_learned_by(node, {s for v in graph.inputs if v.type.shape is not None
-                                                          for s in dim_symbols(v.type.shape)}):
+            if checks is None:
                 return "its output dims depend on input values (computed on the host)"
         ctx = CudaContext(node, graph, node_opset(graph, node))
         try:
@@ -110,6 +112,8 @@ class CudaRenderer:
         self.kernels.calls.append(CudaCall(index, name, self.kernels.add(kernel), tuple(values), kernel.symbols))
         if checks is not None:
             self.kernels.host_checks[index] = checks
+        if kernel.guards:
+            self.kernels.guards[index] = kernel.guards
         return Step(index, node, "kernel", function=name)
 
     def _from_shapes(self, graph: Graph, node: Node) -> tuple[Node, ...] | None:

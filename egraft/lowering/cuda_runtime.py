@@ -186,6 +186,8 @@ class _Bound:
     shapes: dict[str, tuple] = field(default_factory=dict)
     actions: list = field(default_factory=list)
     graph: object | None = None
+    #: the input dims and those the host derived from them (a Range's length ``_d0``)
+    bindings: dict = field(default_factory=dict)
 
 
 def _stand_in(v, bindings: Bindings) -> np.ndarray:
@@ -249,6 +251,7 @@ class CudaModel:
         bound = self._bound.get(key)
         if bound is None:
             bound = self._bound[key] = self._bind(device, bindings)
+        bindings = bound.bindings  # with the dims the host derived (a Range's length)
         for v in self.graph.inputs:
             device.write(bound.address[v.name], feeds[v.name] if v.name in on_device else arrays[v.name])
         if bound.graph is not None:
@@ -283,9 +286,11 @@ class CudaModel:
         """The buffers, addresses and launches of a call at ``bindings`` (kept for the next
         call at the same dims: its arena, inputs and outputs stay where they are, so a CUDA
         graph captured once replays)."""
+        bindings = Bindings(bindings)
         self._check_host_sized(bindings)
+        self._check_guards(bindings)
         plan = plan_memory(self.lowered.buffers, dict(bindings), self.lowered.parts)
-        bound = _Bound(keep=[device.alloc(plan.peak)])
+        bound = _Bound(keep=[device.alloc(plan.peak)], bindings=bindings)
         arena = device.address(bound.keep[0])
         bound.address.update({name: arena + offset for name, offset in plan.offsets.items()})
         for name, buffer in self._constant_buffers(device).items():
@@ -324,8 +329,9 @@ class CudaModel:
 
     def _check_host_sized(self, bindings: Bindings) -> None:
         """The output dims of each kernel that small computed inputs size (a Slice to
-        ``Shape(x)[1]``), derived on the host from the input shapes alone and checked against
-        the dims the kernels assume: a binding they contradict is refused, naming the node."""
+        ``Shape(x)[1]``, a Range to ``Shape(x)[2]``), derived on the host from the input shapes
+        alone: dims only they decide (``_d0``) are bound in ``bindings``, the others checked (a
+        binding they contradict is refused, naming the node)."""
         checks = self.lowered.kernels.host_checks
         if not checks:
             return
@@ -338,10 +344,20 @@ class CudaModel:
                 if not all(o is None or o.name in env for o in producer.outputs):
                     _run_node(self.graph, producer, env, Bindings(bindings), check_outputs=False)
             data = node.inputs[0]
-            if data is not None and data.const is None and data.name not in env:
+            if node.op not in ("Range", "ConstantOfShape") and data is not None and data.const is None \
+                    and data.name not in env:
                 env[data.name] = _stand_in(data, bindings)
-            scratch = dict(env)
-            _run_node(self.graph, node, scratch, Bindings(bindings), check_outputs=True)
+            _run_node(self.graph, node, dict(env), bindings, check_outputs=True)  # binds its fresh dims
+
+    def _check_guards(self, bindings: Bindings) -> None:
+        """Each pair of dims a kernel takes for equal (:meth:`CudaContext.guard`), at these dims."""
+        for index, pairs in sorted(self.lowered.kernels.guards.items()):
+            for dim, equals in pairs:
+                a, b = int(evaluate_dim(dim, bindings)), int(evaluate_dim(equals, bindings))
+                if a != b:
+                    at = ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
+                    raise ExecutionError(f"{self.graph.nodes[index].label}: an operand dim {dim} = {a} where the "
+                                         f"CUDA kernel reads the result's {equals} = {b} (at {at})")
 
     def _constant_buffers(self, device) -> dict[str, object]:
         if not self._constants:

@@ -214,11 +214,15 @@ class Layout:
     reads: tuple
 
 
-def broadcast_layout(out_shape: Sequence, shapes: Sequence[Sequence], assume_equal: bool = False) -> Layout:
+def broadcast_layout(out_shape: Sequence, shapes: Sequence[Sequence], assume_equal: bool = False,
+                     guards: list | None = None) -> Layout:
     """The :class:`Layout` of operands of ``shapes`` read for an output of ``out_shape``;
     with ``assume_equal``, an operand dim other than 1 is taken for the output's even when
     the two are not provably equal (Expand to a shape known only at run time, whose dims are
-    fresh symbols: broadcasting makes them equal).
+    fresh symbols: broadcasting makes them equal). With ``guards`` (a list), an operand dim
+    that is neither 1 nor provably the output's (``floor(h/32 - 1/32) + 1`` against the
+    same size reached by another path) is read as the output's and the pair is appended:
+    the runtime checks them equal for each binding of the dims (:meth:`CudaContext.guard`).
 
     Example:
         >>> broadcast_layout([2, 3, 4], [[2, 3, 4], [4], []])
@@ -242,6 +246,9 @@ def broadcast_layout(out_shape: Sequence, shapes: Sequence[Sequence], assume_equ
             if static_int(e) == 1:
                 pattern.append(True)
             elif assume_equal or same_dim(e, d):
+                pattern.append(False)
+            elif guards is not None:
+                guards.append((e, d))
                 pattern.append(False)
             else:
                 raise Unsupported(f"an operand dim {e} that does not broadcast to {d}")
@@ -306,7 +313,10 @@ def emit_broadcast(ctx: CudaContext, name: str, operands: Sequence[Operand | int
     ops = [Operand(o) if isinstance(o, int) else o for o in operands]
     out_shape = tuple(ctx.out_shape(out_slot) if out_shape is None else out_shape)
     shapes = [o.shape if o.shape is not None else ctx.in_shape(o.slot) for o in ops]
-    layout = broadcast_layout(out_shape, shapes, assume_equal)
+    unproven: list = []
+    layout = broadcast_layout(out_shape, shapes, assume_equal, unproven)
+    for e, d in unproven:
+        ctx.guard(e, d)
     n = dims_product(out_shape)
     out_ctype = ctx.ctype(ctx.out_dtype(out_slot))
     in_ctypes = [ctx.ctype(ctx.in_dtype(o.slot)) for o in ops]

@@ -113,6 +113,9 @@ class CudaKernel:
     source: str
     launches: tuple[Launch, ...]
     params: tuple[Param, ...]
+    #: pairs of dims the code takes for equal that inference could not prove equal: the
+    #: runtime checks them for each binding of the dims (:meth:`CudaContext.guard`)
+    guards: tuple = ()
 
     @property
     def operands(self) -> tuple[tuple, ...]:
@@ -138,6 +141,7 @@ class CudaContext:
     used: set = field(default_factory=set)
     symbols: set = field(default_factory=set)
     helpers: list[str] = field(default_factory=list)
+    guards: list = field(default_factory=list)
 
     # ---- the node ------------------------------------------------------------------------
     def attr(self, name: str, default=None):
@@ -250,6 +254,12 @@ class CudaContext:
             return "(" + (" + " if e.is_Add else " * ").join(self._c(a) for a in e.args) + ")"
         raise Unsupported(f"dim {e} has no C form")
 
+    def guard(self, dim, equals) -> None:
+        """Generate code that takes ``dim`` for ``equals`` (an operand dim for the result's,
+        which inference could not prove equal); the runtime refuses a binding where they differ."""
+        if (dim, equals) not in self.guards:
+            self.guards.append((dim, equals))
+
     # ---- writing -------------------------------------------------------------------------
     def helper(self, code: str) -> None:
         """Add a ``__device__`` helper to the translation unit (once)."""
@@ -294,7 +304,7 @@ class CudaContext:
         parts = [PRELUDE.strip(), *self.helpers]
         for name, body in self.functions:
             parts.append(f'extern "C" __global__ void {name}({signature}) {{\n{body.strip(chr(10))}\n}}')
-        return CudaKernel("\n\n".join(parts) + "\n", tuple(self.launches), params)
+        return CudaKernel("\n\n".join(parts) + "\n", tuple(self.launches), params, tuple(self.guards))
 
 
 def activation_code(activation: str, params, y: str) -> str:
