@@ -31,16 +31,9 @@ import numpy as np
 from egraft.kernels.cuda.emit import CudaKernel
 
 SHIM = r"""
-#include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <vector>
 #define __global__
 #define __device__
 #define __host__
@@ -49,47 +42,67 @@ SHIM = r"""
 #define __shared__ static
 #define __align__(n) alignas(n)
 struct eg_dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local eg_dim3 threadIdx, blockIdx;
-inline eg_dim3 blockDim, gridDim;
-inline std::barrier<>* eg_block_barrier = nullptr;
-inline unsigned char* eg_dynamic_shared = nullptr;
-struct eg_warp { std::barrier<>* barrier; alignas(8) unsigned char values[32][8]; };
-inline eg_warp* eg_warps = nullptr;
-inline thread_local unsigned eg_linear = 0;
+extern thread_local eg_dim3 threadIdx, blockIdx;
+extern thread_local unsigned eg_linear;
+extern eg_dim3 blockDim, gridDim;
+extern unsigned char* eg_dynamic_shared;
+extern "C" void eg_syncthreads();
+extern "C" void eg_syncwarp();
+extern "C" void eg_exchange(const void* value, unsigned source_lane, void* out, unsigned size);
+extern "C" void eg_lock();
+extern "C" void eg_unlock();
 #define EG_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(eg_dynamic_shared)
-inline void __syncthreads() { eg_block_barrier->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { eg_warps[eg_linear / 32].barrier->arrive_and_wait(); }
+inline void __syncthreads() { eg_syncthreads(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { eg_syncwarp(); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
-template <class T> T eg_shfl(T v, unsigned src) {
-    eg_warp& w = eg_warps[eg_linear / 32];
-    std::memcpy(w.values[eg_linear % 32], &v, sizeof(T));
-    w.barrier->arrive_and_wait();
-    T out; std::memcpy(&out, w.values[src % 32], sizeof(T));
-    w.barrier->arrive_and_wait();
-    return out;
-}
+template <class T> T eg_shfl(T v, unsigned src) { T out; eg_exchange(&v, src % 32, &out, sizeof(T)); return out; }
 template <class T> T __shfl_xor_sync(unsigned, T v, int mask, int = 32) { return eg_shfl(v, (eg_linear % 32) ^ mask); }
 template <class T> T __shfl_down_sync(unsigned, T v, unsigned d, int = 32) {
     unsigned l = eg_linear % 32; return eg_shfl(v, l + d < 32 ? l + d : l);
 }
 template <class T> T __shfl_sync(unsigned, T v, int src, int = 32) { return eg_shfl(v, (unsigned)src); }
-inline std::mutex eg_atomic_lock;
-template <class T> T atomicAdd(T* p, T v) {
-    std::lock_guard<std::mutex> g(eg_atomic_lock); T old = *p; *p = old + v; return old;
-}
-template <class T> T atomicMax(T* p, T v) {
-    std::lock_guard<std::mutex> g(eg_atomic_lock); T old = *p; *p = old > v ? old : v; return old;
-}
+template <class T> T atomicAdd(T* p, T v) { eg_lock(); T old = *p; *p = old + v; eg_unlock(); return old; }
+template <class T> T atomicMax(T* p, T v) { eg_lock(); T old = *p; *p = old > v ? old : v; eg_unlock(); return old; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 template <class T> T __ldg(const T* p) { return *p; }
-inline float fmaf_(float a, float b, float c) { return std::fma(a, b, c); }
 using std::sqrt; using std::exp;
 """
 
-LAUNCHER = r"""
+#: The emulator's runtime: the block's threads, barriers and warp exchanges, compiled once
+#: per machine into a library the kernels' libraries link against (so each kernel compiles
+#: without the thread headers: a quarter of the time).
+RUNTIME = r"""
+#include <algorithm>
+#include <barrier>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+struct eg_dim3 { unsigned x = 0, y = 0, z = 0; };
+thread_local eg_dim3 threadIdx, blockIdx;
+thread_local unsigned eg_linear = 0;
+eg_dim3 blockDim, gridDim;
+unsigned char* eg_dynamic_shared = nullptr;
+static std::barrier<>* eg_block_barrier = nullptr;
+struct eg_warp { std::barrier<>* barrier; alignas(8) unsigned char values[32][8]; };
+static eg_warp* eg_warps = nullptr;
+static std::mutex eg_atomic_lock;
+extern "C" void eg_syncthreads() { eg_block_barrier->arrive_and_wait(); }
+extern "C" void eg_syncwarp() { eg_warps[eg_linear / 32].barrier->arrive_and_wait(); }
+extern "C" void eg_exchange(const void* value, unsigned source_lane, void* out, unsigned size) {
+    eg_warp& w = eg_warps[eg_linear / 32];
+    std::memcpy(w.values[eg_linear % 32], value, size);
+    w.barrier->arrive_and_wait();
+    std::memcpy(out, w.values[source_lane], size);
+    w.barrier->arrive_and_wait();
+}
+extern "C" void eg_lock() { eg_atomic_lock.lock(); }
+extern "C" void eg_unlock() { eg_atomic_lock.unlock(); }
 extern "C" int eg_launch(void (*call)(void**), void** args, unsigned gx, unsigned gy, unsigned gz,
                          unsigned bx, unsigned by, unsigned bz, unsigned long long shared, int threaded) {
     blockDim = {bx, by, bz}; gridDim = {gx, gy, gz};
@@ -153,6 +166,28 @@ class Emulator:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.libraries: dict[str, ctypes.CDLL] = {}
         self._locks: dict[str, threading.Lock] = {}
+        self.runtime = self._build("rt", RUNTIME, global_symbols=True)
+        self.runtime.eg_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_uint] * 6 + \
+            [ctypes.c_ulonglong, ctypes.c_int]
+
+    def _build(self, prefix: str, text: str, global_symbols: bool = False) -> ctypes.CDLL:
+        """``text`` compiled by g++ into a shared library in the folder (once: cached by its
+        digest) and loaded; ``global_symbols`` makes its symbols visible to later libraries."""
+        digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+        path = self.folder / f"{prefix}{digest}.so"
+        if not path.exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tag = f"{os.getpid()}.{threading.get_ident()}"
+            source = self.folder / f"{prefix}{digest}.{tag}.cpp"
+            source.write_text(text)
+            tmp = path.with_suffix(f".{tag}.tmp")
+            done = subprocess.run([self.compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w",
+                                   "-o", str(tmp), str(source)], capture_output=True, text=True)
+            source.unlink(missing_ok=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"g++ refused the kernel:\n{done.stderr[-4000:]}\n--- source ---\n{text}")
+            os.replace(tmp, path)
+        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL if global_symbols else ctypes.RTLD_LOCAL)
 
     def library(self, kernel: CudaKernel) -> ctypes.CDLL:
         """The kernel's translation unit compiled for the CPU (with a wrapper per function)."""
@@ -163,31 +198,14 @@ class Emulator:
                 args.append(f"*({p.ctype}*)a[{k}]" if p.role[0] == "dim" else f"({p.ctype}*)a[{k}]")
             wrappers.append(f'extern "C" void eg_call_{launch.function}(void** a) '
                             f'{{ {launch.function}({", ".join(args)}); }}')
-        text = SHIM + kernel.source + "\n" + "\n".join(dict.fromkeys(wrappers)) + "\n" + LAUNCHER
+        text = SHIM + kernel.source + "\n" + "\n".join(dict.fromkeys(wrappers)) + "\n"
         digest = hashlib.sha256(text.encode()).hexdigest()[:24]
         with _LOCK:
             lock = self._locks.setdefault(digest, threading.Lock())
         with lock:  # one compile per kernel; different kernels compile at once
-            if digest in self.libraries:
-                return self.libraries[digest]
-            path = self.folder / f"k{digest}.so"
-            if not path.exists():
-                self.folder.mkdir(parents=True, exist_ok=True)
-                tag = f"{os.getpid()}.{threading.get_ident()}"
-                source = self.folder / f"k{digest}.{tag}.cpp"
-                source.write_text(text)
-                tmp = path.with_suffix(f".{tag}.tmp")
-                done = subprocess.run([self.compiler, "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-w",
-                                       "-o", str(tmp), str(source)], capture_output=True, text=True)
-                source.unlink(missing_ok=True)
-                if done.returncode != 0:
-                    raise RuntimeError(f"g++ refused the kernel:\n{done.stderr[-4000:]}\n--- source ---\n{text}")
-                os.replace(tmp, path)
-            library = ctypes.CDLL(str(path))
-            library.eg_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_uint] * 6 + \
-                [ctypes.c_ulonglong, ctypes.c_int]
-            self.libraries[digest] = library
-            return library
+            if digest not in self.libraries:
+                self.libraries[digest] = self._build("k", text)
+            return self.libraries[digest]
 
     def launch(self, kernel: CudaKernel, addresses: list[int], bindings: dict[str, int]) -> None:
         """Run every launch of ``kernel`` on raw host addresses (one per operand parameter, in
@@ -207,8 +225,8 @@ class Emulator:
         threaded = synchronizes(kernel)
         for launch in kernel.launches:
             call = getattr(library, f"eg_call_{launch.function}")
-            library.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings), *launch.block,
-                              launch.shared_bytes, int(threaded))
+            self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
+                                   *launch.block, launch.shared_bytes, int(threaded))
         del keep
 
     def run(self, kernel: CudaKernel, arrays: dict[tuple, np.ndarray], bindings: dict[str, int] | None = None) -> None:
@@ -231,9 +249,8 @@ class Emulator:
         threaded = synchronizes(kernel)
         for launch in kernel.launches:
             call = getattr(library, f"eg_call_{launch.function}")
-            grid = launch.grid_at(bindings)
-            library.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *grid, *launch.block, launch.shared_bytes,
-                              int(threaded))
+            self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
+                                   *launch.block, launch.shared_bytes, int(threaded))
         del keep
 
 
@@ -258,6 +275,9 @@ def emulate_node(node, graph, inputs: list[np.ndarray], bindings: dict[str, int]
             arrays[("in", i)] = np.ascontiguousarray(x, dtype=node.inputs[i].type.dtype.numpy)
     outputs = []
     for i, v in enumerate(node.outputs):
+        if v is None:  # an absent optional output (an LSTM's Y)
+            outputs.append(None)
+            continue
         shape = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
         out = np.full(shape, np.nan, v.type.dtype.numpy) if v.type.dtype.numpy.kind == "f" \
             else np.zeros(shape, v.type.dtype.numpy)
