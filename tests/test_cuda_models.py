@@ -277,3 +277,22 @@ def test_a_range_sized_by_a_shape_runs_on_the_device_with_its_length_bound_on_th
     for shape in ((2, 5), (3, 9)):
         x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
         np.testing.assert_allclose(compiled.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-6)
+
+
+def test_egraft_run_checks_the_cuda_build_on_the_emulated_device(tmp_path):
+    """``egraft run --backend cuda-emulated --check``: the CUDA build's numbers against
+    onnxruntime from the command line; ``--backend cuda`` without a GPU is one error line."""
+    from typer.testing import CliRunner
+
+    from egraft.cli import app
+
+    runner = CliRunner()
+    model = tmp_path / "small.onnx"
+    onnx.save(_small_cnn(), model)
+    if shutil.which("g++") is not None:
+        result = runner.invoke(app, ["run", str(model), "--shape", "batch=2", "--backend", "cuda-emulated", "--check"])
+        assert result.exit_code == 0, result.output
+        assert "compiled for sm_90" in result.output and "0 ops on the host" in result.output
+    if _gpu_count() == 0:
+        result = runner.invoke(app, ["run", str(model), "--shape", "batch=1", "--backend", "cuda"])
+        assert result.exit_code != 0 and "no CUDA device" in result.output and "Traceback" not in result.output

@@ -133,6 +133,10 @@ def _show_ops(as_json: bool) -> None:
 
 
 # ---- run -------------------------------------------------------------------------------------
+#: Where ``egraft run`` runs a model.
+BACKENDS = ("cpu", "reference", "cuda", "cuda-emulated")
+
+
 def run(
     model: Annotated[str, typer.Argument(help="ONNX file, or a bundled model name such as resnet50.")],
     input: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy (repeat per input).")] = None,
@@ -148,7 +152,8 @@ def run(
              "little).")] = None,
     backend: Annotated[str, typer.Option(
         "--backend", help="cpu: rewrite and compile to native code (cached); reference: egraft's numpy "
-                          "executor on the model as loaded.")] = "cpu",
+                          "executor on the model as loaded; cuda: compile for the GPU and run there; "
+                          "cuda-emulated: the same CUDA build run on this CPU (slow: to check its numbers).")] = "cpu",
     threads: Annotated[int | None, typer.Option(
         "--threads", help="Threads the compiled model may use (default: every core, or $EGRAFT_NUM_THREADS).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite NAME.npy files in --output-dir.")] = False,
@@ -173,14 +178,24 @@ def run(
             proto = with_outputs(reweight_model(proto, seed=reweight), logits)
             console.print(f"weights: ConstantOfShape fills replaced by random values (seed {reweight}); "
                           f"the logits before the final Softmax are outputs too: {logits}")
-        if backend not in ("cpu", "reference"):
-            raise InputError(f"--backend {backend}: unknown backend; known: cpu, reference")
+        if backend not in BACKENDS:
+            raise InputError(f"--backend {backend}: unknown backend; known: {', '.join(BACKENDS)}")
         graph = egraft.load(proto)
         check_bindings(bindings, graph, model)
         targets = _output_files(graph, output_dir, force)
         feeds = read_inputs(graph, input, bindings)  # checked before anything is compiled
         if backend == "reference":
             outputs = graph.run(feeds)
+        elif backend in ("cuda", "cuda-emulated"):
+            with err_console.status("compiling for CUDA: rewrite, extract, generate CUDA C, NVRTC", spinner="dots"):
+                compiled = egraft.compile(proto, target="cuda", device="emulator" if backend == "cuda-emulated"
+                                          else "cuda")
+            report = compiled.report()
+            console.print(f"compiled for {report['arch']}: {len(report['kernels'])} kernel launches, "
+                          f"{len(report['fallbacks'])} ops on the host")
+            with err_console.status("running" + (" on the emulated device" if backend == "cuda-emulated" else ""),
+                                    spinner="dots"):
+                outputs = compiled.run(feeds)
         else:
             with err_console.status("compiling", spinner="dots"):
                 compiled = egraft.compile(proto, threads=threads, specialize="off")
