@@ -55,7 +55,8 @@ class CupyDevice:
         except Exception as e:  # no driver: CUDARuntimeError
             raise NoCudaDevice(f"no CUDA device: {type(e).__name__}: {e} (this model was compiled for "
                                f"{program.arch}; run it on a machine with an NVIDIA GPU, or with "
-                               "device='emulator' to check its numbers on the CPU)") from None
+                               "device='emulator' (egraft run --backend cuda-emulated) to check its numbers on the "
+                               "CPU)") from None
         if count == 0:
             raise NoCudaDevice(f"no CUDA device (this model was compiled for {program.arch})")
         self.cp = cupy
