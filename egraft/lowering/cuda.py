@@ -61,7 +61,8 @@ class CudaKernelSet:
         return {digest: k.source for digest, k in self.kernels.items()}
 
     def add(self, kernel: CudaKernel) -> str:
-        digest = "cu." + hashlib.sha256(kernel.source.encode()).hexdigest()[:20]
+        text = kernel.source or repr((kernel.library, kernel.params))  # a library step: what it calls
+        digest = "cu." + hashlib.sha256(text.encode()).hexdigest()[:20]
         self.kernels.setdefault(digest, kernel)
         return digest
 
@@ -164,6 +165,10 @@ class CudaProgram:
             kernel = self.kernels.kernels[call.module]
             module = self.modules[call.module]
             node = self.lowered.graph.nodes[call.step]
+            if kernel.library is not None:
+                rows.append({"name": call.name, "op": node.op, "function": f"library:{kernel.library.kind}",
+                             "module": call.module, "registers": None, "spill_bytes": 0, "shared_bytes": 0,
+                             "threads": 0, "library": True})
             for launch in kernel.launches:
                 r = module.resources.get(launch.function)
                 rows.append({"name": call.name, "op": node.op if node.domain in ("", "ai.onnx")
@@ -183,8 +188,10 @@ def compile_cuda(lowered: Lowered, arch: str = DEFAULT_ARCH, use_cache: bool = T
     for ``arch`` with NVRTC."""
     check_arch(arch)
     start = time.perf_counter()
-    digests = sorted(lowered.kernels.kernels)
+    digests = sorted(d for d, k in lowered.kernels.kernels.items() if k.library is None)
     compiled = compile_sources([lowered.kernels.kernels[d].source for d in digests], arch, use_cache)
+    compiled += [CompiledModule(b"", arch) for d in lowered.kernels.kernels if lowered.kernels.kernels[d].library]
+    digests += [d for d, k in lowered.kernels.kernels.items() if k.library is not None]
     seconds = dict(lowered.seconds)
     seconds["nvrtc"] = time.perf_counter() - start
     return CudaProgram(lowered, arch, dict(zip(digests, compiled)), seconds)

@@ -62,6 +62,8 @@ class CupyDevice:
         self.cp = cupy
         self.functions: dict[tuple[str, str], object] = {}
         for digest, module in program.modules.items():
+            if not module.cubin:  # a library step: nothing to load
+                continue
             loaded = cupy.cuda.function.Module()
             loaded.load(module.cubin)
             for launch in program.kernels.kernels[digest].launches:
@@ -116,6 +118,16 @@ class CupyDevice:
 
     def launch(self, program: CudaProgram, digest: str, addresses: list[int], bindings: dict[str, int]) -> None:
         kernel = program.kernels.kernels[digest]
+        if kernel.library is not None:
+            from egraft.kernels.cuda.library import run_library, shapes_at
+
+            views = []
+            for address, shape in zip(addresses, shapes_at(kernel.library, bindings)):
+                nbytes = int(np.prod(shape)) * 4 if shape else 4
+                memory = self.cp.cuda.MemoryPointer(self.cp.cuda.UnownedMemory(address, nbytes, self), 0)
+                views.append(self.cp.ndarray(shape, self.cp.float32, memory))
+            run_library(kernel.library, self.cp, views)
+            return
         dims = [np.int64(bindings[s]) for s in kernel.symbols]
         args = tuple(np.uint64(a) for a in addresses) + tuple(dims)
         for launch in kernel.launches:

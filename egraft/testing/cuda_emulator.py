@@ -211,6 +211,11 @@ class Emulator:
         """Run every launch of ``kernel`` on raw host addresses (one per operand parameter, in
         order; the dims come from ``bindings``): the emulated device of
         :class:`egraft.lowering.cuda_runtime.EmulatedDevice`."""
+        if kernel.library is not None:  # numpy stands in for the vendor library
+            from egraft.kernels.cuda.library import host_views, run_library
+
+            run_library(kernel.library, np, host_views(kernel.library, list(addresses), bindings))
+            return
         library = self.library(kernel)
         keep = []
         pointers = (ctypes.c_void_p * len(kernel.params))()
@@ -233,6 +238,9 @@ class Emulator:
         """Run every launch of ``kernel`` in order on ``arrays`` (by operand role, C-contiguous,
         of the kernel's element types; outputs are written in place)."""
         bindings = dict(bindings or {})
+        if kernel.library is not None:
+            self.launch(kernel, [arrays[p.role].ctypes.data for p in kernel.params if p.role[0] != "dim"], bindings)
+            return
         library = self.library(kernel)
         keep = []
         pointers = (ctypes.c_void_p * len(kernel.params))()

@@ -107,8 +107,21 @@ class Param:
 
 
 @dataclass(frozen=True)
+class LibraryCall:
+    """A step a vendor library runs instead of generated code (:mod:`egraft.kernels.cuda.library`):
+    ``kind`` (``matmul``: cuBLAS through ``cupy.matmul``), the shape of each pointer operand
+    in parameter order (dims: ints or sympy), and how to read them (``transpose``: per
+    operand, whether to use its transpose)."""
+
+    kind: str
+    shapes: tuple
+    transpose: tuple = ()
+
+
+@dataclass(frozen=True)
 class CudaKernel:
-    """What a generator made for one step: a translation unit and its launches in order."""
+    """What a generator made for one step: a translation unit and its launches in order
+    (or, for a :class:`LibraryCall`, no code: ``library`` says what runs)."""
 
     source: str
     launches: tuple[Launch, ...]
@@ -116,6 +129,7 @@ class CudaKernel:
     #: pairs of dims the code takes for equal that inference could not prove equal: the
     #: runtime checks them for each binding of the dims (:meth:`CudaContext.guard`)
     guards: tuple = ()
+    library: LibraryCall | None = None
 
     @property
     def operands(self) -> tuple[tuple, ...]:
@@ -142,6 +156,8 @@ class CudaContext:
     symbols: set = field(default_factory=set)
     helpers: list[str] = field(default_factory=list)
     guards: list = field(default_factory=list)
+    #: set by a generator whose step a library runs (no function is written then)
+    library: LibraryCall | None = None
 
     # ---- the node ------------------------------------------------------------------------
     def attr(self, name: str, default=None):
@@ -295,9 +311,13 @@ class CudaContext:
 
     def finish(self) -> CudaKernel:
         """The translation unit: :data:`PRELUDE`, the helpers, then every function."""
+        params = self.params()
+        if self.library is not None:
+            if self.functions:
+                raise ValueError("a library step writes no function")
+            return CudaKernel("", (), params, tuple(self.guards), self.library)
         if not self.functions:
             raise ValueError("the generator wrote no function")
-        params = self.params()
         signature = ", ".join(
             f"{p.ctype} {p.name}" if p.role[0] == "dim"
             else f"{'const ' if p.role[0] == 'in' else ''}{p.ctype}* __restrict__ {p.name}" for p in params)
@@ -351,4 +371,5 @@ def _float(v: float) -> str:
     return f"{float(v)!r}f"
 
 
-__all__ = ["activation_code", "CudaContext", "CudaKernel", "Launch", "Param", "PRELUDE", "C_TYPES", "Unsupported"]
+__all__ = ["activation_code", "LibraryCall", "CudaContext", "CudaKernel", "Launch", "Param", "PRELUDE", "C_TYPES",
+           "Unsupported"]

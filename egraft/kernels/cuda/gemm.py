@@ -398,6 +398,10 @@ def gemm_kernel(ctx: CudaContext) -> None:
     trans_a, trans_b = bool(ctx.attr("transA", 0)), bool(ctx.attr("transB", 0))
     m, k = (a_shape[1], a_shape[0]) if trans_a else a_shape
     n = b_shape[0] if trans_b else b_shape[1]
+    plain = ctx.node.domain in ("", "ai.onnx") and float(ctx.attr("alpha", 1.0)) == 1.0 and (
+        not ctx.has_input(2) or float(ctx.attr("beta", 1.0)) == 0.0)
+    if plain and _to_library(ctx, m, n, k, (a_shape, b_shape), (trans_a, trans_b)):
+        return
     cm, cn, ck = ctx.dim(m), ctx.dim(n), ctx.dim(k)
     a = dense_operand(ctx.x(0), "0LL", "M", "K", "1LL" if trans_a else "K", "M" if trans_a else "1LL",
                       along="x" if trans_a else "k")
@@ -417,6 +421,26 @@ def gemm_kernel(ctx: CudaContext) -> None:
     tile = pick_tile(m, n)
     body = gemm_body(tile, cm, cn, ck, "", a, b, out, addends, float(ctx.attr("alpha", 1.0)), activation)
     ctx.function("eg_gemm", body, grid=gemm_grid(ctx, tile, m, n), block=tile.threads)
+
+
+def _to_library(ctx: CudaContext, rows, n, k, shapes: tuple, transpose: tuple) -> bool:
+    """Hand a product with nothing to fuse to cuBLAS (:mod:`egraft.kernels.cuda.library`)
+    when it is large enough at the dims' cost-model values; True when it did."""
+    from egraft.ir.work import default_dim
+    from egraft.kernels.cuda.emit import LibraryCall
+    from egraft.kernels.cuda.library import wants_library
+
+    def value(d) -> float:
+        if isinstance(d, int):
+            return d
+        e = sympy.sympify(d)
+        return float(e.subs({s: default_dim(s.name) for s in e.free_symbols}))
+
+    if not wants_library(2 * value(rows) * value(n) * value(k), value(rows)):
+        return False
+    ctx.y(0), ctx.x(0), ctx.x(1)  # the operands, in parameter order: out, A, B
+    ctx.library = LibraryCall("matmul", (ctx.out_shape(0), *shapes), (False, *transpose))
+    return True
 
 
 #: A Gemm with at most this many rows (a fully connected layer at a small batch) runs as
@@ -520,6 +544,9 @@ def matmul_kernel(ctx: CudaContext) -> None:
     m, k, n = a2[-2], a2[-1], b2[-1]
     batch = tuple(out_shape[:len(out_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
     full = (*batch, m, n)
+    if ctx.node.op == "MatMul" and len(a_shape) >= 2 and len(b_shape) >= 2 and _to_library(
+            ctx, dim_product((*batch, m)), n, k, (a_shape, b_shape), (False, False)):
+        return
     addends = []
     for i in (2, 3):
         strides = _addend_input(ctx, i, out_shape)
