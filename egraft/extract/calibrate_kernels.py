@@ -54,7 +54,7 @@ SECONDS_PER_CASE, MIN_RUNS, MAX_RUNS = 0.25, 5, 40
 SOURCE_TAG = "kernels measured"
 #: A family with no samples takes the fit of the family it is a variant of, so that the
 #: two keep their relative cost (an unmeasured variant left at 1.0 would look cheap).
-VARIANT_OF = {"conv_nhwc": "conv", "conv_nchwc": "conv", "winograd": "conv", "attention": "gemm"}
+VARIANT_OF = {"conv_nhwc": "conv", "conv_nchwc": "conv", "winograd": "conv", "attention": "gemm", "gemm_fused": "gemm"}
 
 
 @dataclass(frozen=True)

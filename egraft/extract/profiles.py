@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from egraft.errors import EgraftError
-from egraft.ir.work import FAMILIES
+from egraft.ir.work import FAMILIES, PARENT_FAMILY
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,15 +73,15 @@ class Profile:
     path: str = ""
 
     def family_efficiency(self, family: str) -> float:
-        return self.efficiency.get(family, 1.0)
+        return _of_family(self.efficiency, family, 1.0)
 
     def family_call_us(self, family: str) -> float:
         """Microseconds a call of ``family`` costs beyond its roofline and the launch."""
-        return self.call_us.get(family, 0.0)
+        return _of_family(self.call_us, family, 0.0)
 
     def family_bandwidth(self, family: str) -> float:
         """GB/s a kernel of ``family`` moves data at."""
-        return self.bandwidth_gbs * self.bandwidth_efficiency.get(family, 1.0)
+        return self.bandwidth_gbs * _of_family(self.bandwidth_efficiency, family, 1.0)
 
     def settings(self) -> dict:
         """The profile as plain data (recorded in plans; ``bandwidth_efficiency`` only when set)."""
@@ -112,7 +112,7 @@ class Profile:
                       "unavailable = [" + ", ".join(_quote(f) for f in sorted(self.unavailable)) + "]"]
         lines += ["",
                  "# The fraction of peak_gflops each kernel family reaches.", "[efficiency]"]
-        lines += [f"{k} = {float(self.efficiency.get(k, 1.0))!r}" for k in FAMILIES]
+        lines += [f"{k} = {float(self.family_efficiency(k))!r}" for k in FAMILIES]
         if self.bandwidth_efficiency:
             lines += ["", "# The multiple of bandwidth_gbs each kernel family moves data at (above 1: in cache).",
                       "[bandwidth_efficiency]"]
@@ -123,6 +123,14 @@ class Profile:
                       "[call_us]"]
             lines += [f"{k} = {float(v)!r}" for k in FAMILIES if (v := self.call_us.get(k)) is not None]
         return "\n".join(lines) + "\n"
+
+
+def _of_family(table: dict[str, float], family: str, default: float) -> float:
+    """``table[family]``, else its parent family's entry (:data:`egraft.ir.work.PARENT_FAMILY`), else ``default``."""
+    if family in table:
+        return table[family]
+    parent = PARENT_FAMILY.get(family)
+    return table.get(parent, default) if parent else default
 
 
 def _quote(text: str) -> str:

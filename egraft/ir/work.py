@@ -29,9 +29,15 @@ from typing import Any
 from egraft.ir.dims import dim_function, evaluate_dim
 from egraft.ir.types import TensorType
 
-#: The kernel families a roofline profile can weigh separately.
-FAMILIES = ("conv", "conv_nhwc", "conv_nchwc", "winograd", "gemm", "attention", "elementwise", "reduce",
+#: The kernel families a roofline profile can weigh separately. ``gemm_fused``: a product
+#: with its epilogue (bias, residual, activation) fused, which a profile may price apart
+#: from a plain one (a GPU's plain products run on cuBLAS, the fused ones on egraft's tile
+#: loop); a profile that does not name it prices it as ``gemm`` (:data:`PARENT_FAMILY`).
+FAMILIES = ("conv", "conv_nhwc", "conv_nchwc", "winograd", "gemm", "gemm_fused", "attention", "elementwise", "reduce",
             "normalize", "pool", "layout", "data", "view", "other")
+
+#: A family a profile leaves out takes these figures of its parent.
+PARENT_FAMILY = {"gemm_fused": "gemm"}
 
 #: Unbound symbols whose name says "batch" count as 1; any other unbound symbol as 128.
 BATCH_DEFAULT, OTHER_DEFAULT = 1, 128

@@ -94,18 +94,22 @@ def _winograd_weights(ctx: WorkContext) -> Work:
     return Work(2.0 * filters * (4 * 3 * 3 + 4 * 4 * 3), "other")
 
 
-def _gemm(ctx: WorkContext) -> Work:
-    """2 * M * N * K plus the addends: A [M, K] (or [K, M] with transA)."""
-    a = ctx.inputs[0]
-    k = (a[0] if ctx.attr("transA", 0) else a[-1]) if a else 1
-    return Work(2.0 * ctx.out_elems * k + _epilogue(ctx, 2), "gemm")
+def _gemm(fused: bool):
+    """2 * M * N * K plus the addends: A [M, K] (or [K, M] with transA); ``gemm_fused`` with an
+    epilogue (FusedGemm, or a Gemm with C)."""
+    def work(ctx: WorkContext) -> Work:
+        a = ctx.inputs[0]
+        k = (a[0] if ctx.attr("transA", 0) else a[-1]) if a else 1
+        family = "gemm_fused" if fused or ctx.has_input(2) else "gemm"
+        return Work(2.0 * ctx.out_elems * k + _epilogue(ctx, 2), family)
+    return work
 
 
-def _matmul(first_optional: int):
+def _matmul(first_optional: int, fused: bool = False):
     def work(ctx: WorkContext) -> Work:
         a = ctx.inputs[0]
         k = a[-1] if a else 1
-        return Work(2.0 * ctx.out_elems * k + _epilogue(ctx, first_optional), "gemm")
+        return Work(2.0 * ctx.out_elems * k + _epilogue(ctx, first_optional), "gemm_fused" if fused else "gemm")
     return work
 
 
@@ -182,11 +186,11 @@ def _register() -> None:
     register_work("ConvTranspose", _conv_transpose)
     register_work("WinogradConv", _winograd, EGRAFT)
     register_work("WinogradWeights", _winograd_weights, EGRAFT)
-    register_work("Gemm", _gemm)
-    register_work("FusedGemm", _gemm, EGRAFT)
+    register_work("Gemm", _gemm(fused=False))
+    register_work("FusedGemm", _gemm(fused=True), EGRAFT)
     for op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
         register_work(op, _matmul(99))
-    register_work("FusedMatMul", _matmul(2), EGRAFT)
+    register_work("FusedMatMul", _matmul(2, fused=True), EGRAFT)
     register_work("Attention", _attention, EGRAFT)
     for op in ("RNN", "GRU", "LSTM"):
         register_work(op, _recurrent)
