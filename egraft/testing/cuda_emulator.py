@@ -82,6 +82,7 @@ RUNTIME = r"""
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <ucontext.h>
 #include <vector>
 struct eg_dim3 { unsigned x = 0, y = 0, z = 0; };
 thread_local eg_dim3 threadIdx, blockIdx;
@@ -92,14 +93,47 @@ static std::barrier<>* eg_block_barrier = nullptr;
 struct eg_warp { std::barrier<>* barrier; alignas(8) unsigned char values[32][8]; };
 static eg_warp* eg_warps = nullptr;
 static std::mutex eg_atomic_lock;
-extern "C" void eg_syncthreads() { eg_block_barrier->arrive_and_wait(); }
-extern "C" void eg_syncwarp() { eg_warps[eg_linear / 32].barrier->arrive_and_wait(); }
+// Fibers: a block's CUDA threads as coroutines on one OS thread, switched at barriers (no
+// kernel scheduling: a loaded host does not slow a barrier down).
+struct eg_fiber { ucontext_t context; unsigned thread; bool done; };
+static bool eg_fibers_on = false;
+static ucontext_t eg_scheduler;
+static eg_fiber* eg_fiber_list = nullptr;
+static unsigned eg_current = 0, eg_block_threads = 0;
+static unsigned eg_block_arrived = 0, eg_block_phase = 0;
+static std::vector<unsigned> eg_warp_arrived, eg_warp_phase, eg_warp_lanes;
+static unsigned long long eg_progress = 0;  // barrier arrivals and finished threads: a pass without any is a deadlock
+static void eg_fiber_wait(unsigned& arrived, unsigned& phase, unsigned count) {
+    const unsigned mine = phase;
+    ++eg_progress;
+    if (++arrived == count) { arrived = 0; ++phase; return; }
+    while (phase == mine) swapcontext(&eg_fiber_list[eg_current].context, &eg_scheduler);
+}
+static void eg_block_wait() {
+    if (eg_fibers_on) eg_fiber_wait(eg_block_arrived, eg_block_phase, eg_block_threads);
+    else eg_block_barrier->arrive_and_wait();
+}
+static void eg_warp_wait() {
+    const unsigned w = eg_linear / 32;
+    if (eg_fibers_on) eg_fiber_wait(eg_warp_arrived[w], eg_warp_phase[w], eg_warp_lanes[w]);
+    else eg_warps[w].barrier->arrive_and_wait();
+}
+extern "C" void eg_syncthreads() { eg_block_wait(); }
+extern "C" void eg_syncwarp() { eg_warp_wait(); }
 extern "C" void eg_exchange(const void* value, unsigned source_lane, void* out, unsigned size) {
     eg_warp& w = eg_warps[eg_linear / 32];
     std::memcpy(w.values[eg_linear % 32], value, size);
-    w.barrier->arrive_and_wait();
+    eg_warp_wait();
     std::memcpy(out, w.values[source_lane], size);
-    w.barrier->arrive_and_wait();
+    eg_warp_wait();
+}
+static void (*eg_fiber_call)(void**) = nullptr;
+static void** eg_fiber_args = nullptr;
+static void eg_fiber_main() {
+    eg_fiber_call(eg_fiber_args);
+    ++eg_progress;
+    eg_fiber_list[eg_current].done = true;
+    swapcontext(&eg_fiber_list[eg_current].context, &eg_scheduler);
 }
 extern "C" void eg_lock() { eg_atomic_lock.lock(); }
 extern "C" void eg_unlock() { eg_atomic_lock.unlock(); }
@@ -119,15 +153,58 @@ extern "C" int eg_launch(void (*call)(void**), void** args, unsigned gx, unsigne
             for (unsigned t = 0; t < n; ++t) { set_block(b); set_thread(t); call(args); }
         return 0;
     }
+    std::vector<eg_warp> warps((n + 31) / 32);
+    eg_warps = warps.data();
+    if (threaded == 2) {  // fibers
+        const size_t stack_bytes = 256 * 1024;
+        std::unique_ptr<char[]> stacks(new char[stack_bytes * n]);
+        std::vector<eg_fiber> fibers(n);
+        eg_fiber_list = fibers.data();
+        eg_block_threads = n;
+        eg_warp_arrived.assign(warps.size(), 0);
+        eg_warp_phase.assign(warps.size(), 0);
+        eg_warp_lanes.assign(warps.size(), 0);
+        for (size_t w = 0; w < warps.size(); ++w) eg_warp_lanes[w] = std::min(32u, n - unsigned(32 * w));
+        eg_fiber_call = call;
+        eg_fiber_args = args;
+        eg_fibers_on = true;
+        for (unsigned long long b = 0; b < blocks; ++b) {
+            eg_block_arrived = 0;
+            for (unsigned t = 0; t < n; ++t) {
+                fibers[t].thread = t; fibers[t].done = false;
+                getcontext(&fibers[t].context);
+                fibers[t].context.uc_stack.ss_sp = stacks.get() + stack_bytes * t;
+                fibers[t].context.uc_stack.ss_size = stack_bytes;
+                fibers[t].context.uc_link = nullptr;
+                makecontext(&fibers[t].context, eg_fiber_main, 0);
+            }
+            for (unsigned remaining = n; remaining > 0;) {
+                remaining = 0;
+                const unsigned long long before = eg_progress;
+                for (unsigned t = 0; t < n; ++t) {
+                    if (fibers[t].done) continue;
+                    eg_current = t;
+                    set_block(b);
+                    set_thread(t);
+                    swapcontext(&eg_scheduler, &fibers[t].context);
+                    if (!fibers[t].done) ++remaining;
+                }
+                if (remaining > 0 && eg_progress == before) {  // threads wait at a barrier others never reach
+                    eg_fibers_on = false;
+                    return -1;
+                }
+            }
+        }
+        eg_fibers_on = false;
+        return 0;
+    }
     std::barrier<> block(n), end(n);
     eg_block_barrier = &block;
-    std::vector<eg_warp> warps((n + 31) / 32);
     std::vector<std::unique_ptr<std::barrier<>>> owned;
     for (size_t w = 0; w < warps.size(); ++w) {
         owned.emplace_back(new std::barrier<>(std::min(32u, n - unsigned(32 * w))));
         warps[w].barrier = owned.back().get();
     }
-    eg_warps = warps.data();
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < n; ++t)
         threads.emplace_back([&, t] {
@@ -140,6 +217,10 @@ extern "C" int eg_launch(void (*call)(void**), void** args, unsigned gx, unsigne
 """
 
 _LOCK = threading.Lock()
+#: How a launch runs a block's threads: one after the other (code that never synchronizes),
+#: as fibers switched at barriers on one OS thread (the default), or as OS threads
+#: (``$EGRAFT_EMULATOR_FIBERS=0``).
+SERIAL, OS_THREADS, FIBERS = 0, 1, 2
 
 
 def synchronizes(kernel: CudaKernel) -> bool:
@@ -227,11 +308,15 @@ class Emulator:
                 pointers[k] = value.ctypes.data
             else:
                 pointers[k] = next(operand)
-        threaded = synchronizes(kernel)
+        mode = (FIBERS if os.environ.get("EGRAFT_EMULATOR_FIBERS", "1") != "0" else OS_THREADS) \
+            if synchronizes(kernel) else SERIAL
         for launch in kernel.launches:
             call = getattr(library, f"eg_call_{launch.function}")
-            self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
-                                   *launch.block, launch.shared_bytes, int(threaded))
+            status = self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
+                                            *launch.block, launch.shared_bytes, mode)
+            if status != 0:
+                raise RuntimeError(f"{launch.function}: some threads of a block wait at a barrier that others never "
+                                   "reach (an early return before __syncthreads)")
         del keep
 
     def run(self, kernel: CudaKernel, arrays: dict[tuple, np.ndarray], bindings: dict[str, int] | None = None) -> None:
@@ -254,11 +339,15 @@ class Emulator:
                 if not array.flags.c_contiguous:
                     raise ValueError(f"operand {p.role} is not C-contiguous")
                 pointers[k] = array.ctypes.data
-        threaded = synchronizes(kernel)
+        mode = (FIBERS if os.environ.get("EGRAFT_EMULATOR_FIBERS", "1") != "0" else OS_THREADS) \
+            if synchronizes(kernel) else SERIAL
         for launch in kernel.launches:
             call = getattr(library, f"eg_call_{launch.function}")
-            self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
-                                   *launch.block, launch.shared_bytes, int(threaded))
+            status = self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
+                                            *launch.block, launch.shared_bytes, mode)
+            if status != 0:
+                raise RuntimeError(f"{launch.function}: some threads of a block wait at a barrier that others never "
+                                   "reach (an early return before __syncthreads)")
         del keep
 
 
