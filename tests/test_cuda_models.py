@@ -352,3 +352,25 @@ def test_extraction_prices_cublas_apart_from_the_fused_tile_loop():
     assert "MatMul" in ops(4096, 2048, 2048, "cuda") and "FusedMatMul" not in ops(4096, 2048, 2048, "cuda")
     assert ops(8, 64, 64, "cuda") == ["FusedMatMul"]
     assert ops(4096, 2048, 2048, "cpu") == ["FusedMatMul"]
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_a_bundled_model_runs_on_the_emulated_device_as_onnxruntime_does(name):
+    """A whole bundled CNN (re-weighted, its logits an output) through its CUDA build on the
+    emulated device: SqueezeNet's fire modules and Concats written in place, ShuffleNet's
+    grouped convolutions and channel shuffles. The other seven: ``benchmarks/cuda_compile.py
+    --emulate``."""
+    from egraft.testing.models import reweight, softmax_logits, with_outputs
+
+    proto = onnx.load(light_model_path(name))
+    model = with_outputs(reweight(proto, seed=0), softmax_logits(proto))
+    compiled = _cuda(model, device="emulator")
+    _assert_all_compiled(compiled, name)
+    graph = egraft.load(model)
+    feeds = {v.name: np.random.default_rng(1).normal(size=[int(d) for d in v.type.shape]).astype(np.float32)
+             for v in graph.inputs}
+    got = compiled.run(feeds)
+    for output, expected in zip([o.name for o in model.graph.output], _ort(model, feeds)):
+        np.testing.assert_allclose(got[output], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max(),
+                                   err_msg=output)
