@@ -261,13 +261,16 @@ def _saved(folder, profile):
 def test_a_range_sized_by_a_shape_runs_on_the_device_with_its_length_bound_on_the_host():
     """``Range(0, Shape(x)[1])`` has a fresh length ``_d0`` on the CPU, bound only when it runs;
     its CUDA kernel's length is derived on the host from the input shapes when a binding is
-    first seen, so the run has no fallback and no device-to-host read."""
+    first seen, so the run has no fallback and no device-to-host read; so is a
+    ``ConstantOfShape(Shape(x))``'s shape (its sizing input is its first)."""
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
         helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
         helper.make_node("Range", ["zero", "n", "step"], ["r"]),
         helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
-        helper.make_node("Add", ["x", "rf"], ["y"]),
+        helper.make_node("Add", ["x", "rf"], ["xr"]),
+        helper.make_node("ConstantOfShape", ["s"], ["c"], value=numpy_helper.from_array(np.array([1.5], np.float32))),
+        helper.make_node("Mul", ["xr", "c"], ["y"]),
     ]
     inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("one", 1), ("zero", 0), ("step", 1))]
     model = helper.make_model(helper.make_graph(

@@ -125,7 +125,8 @@ class CudaRenderer:
             self._producers = {v.name: n for n in graph.nodes for v in n.outputs if v is not None}
         needed: dict[int, Node] = {}
         order = {id(n): k for k, n in enumerate(graph.nodes)}
-        stack = [v for v in node.inputs[1:] if v is not None and v.const is None]
+        sizing = node.inputs if node.op in ("Range", "ConstantOfShape") else node.inputs[1:]
+        stack = [v for v in sizing if v is not None and v.const is None]
         while stack:
             v = stack.pop()
             producer = self._producers.get(v.name)

@@ -355,6 +355,10 @@ class CudaModel:
             node = self.graph.nodes[index]
             for producer in producers:
                 if not all(o is None or o.name in env for o in producer.outputs):
+                    if producer.op in ("Shape", "Size"):  # it reads its input's shape only
+                        source = producer.inputs[0]
+                        if source.const is None and source.name not in env:
+                            env[source.name] = _stand_in(source, bindings)
                     _run_node(self.graph, producer, env, Bindings(bindings), check_outputs=False)
             data = node.inputs[0]
             if node.op not in ("Range", "ConstantOfShape") and data is not None and data.const is None \
