@@ -13,8 +13,10 @@ egraft with device-resident CuPy arrays, the same replayed as a CUDA graph, and 
 architecture (eager and CUDA graph, TF32 off) where there is one. Writes ``gpu_check.json``
 and ``gpu_check.md`` under ``--out``.
 
-Example (on the device machine, from the repository root):
+Example (on the device machine, from the repository root; ``--emulate`` is a dry run of
+the same script on a machine without a GPU):
     python benchmarks/gpu_check.py --wheels .gpu_wheels --out $OUT --repeat 20
+    python benchmarks/gpu_check.py --emulate --only squeezenet encoder --out /tmp/dry
 """
 
 from __future__ import annotations
@@ -95,27 +97,31 @@ def torch_runner(name: str, x):
     return eager, graph.replay, torch.cuda.synchronize
 
 
-def check_model(name: str, repeat: int, rounds: int) -> dict:
-    import cupy
+def check_model(name: str, repeat: int, rounds: int, emulate: bool = False) -> dict:
     import numpy as np
     import onnx
     import onnxruntime as ort
 
     import egraft
     from egraft.testing.encoder import encoder_inputs, encoder_model
-    from egraft.testing.models import light_model_path, reweight
+    from egraft.testing.models import light_model_path, reweight, softmax_logits, with_outputs
 
-    arch = "sm_{}{}".format(*cupy.cuda.Device().compute_capability)
-    if name == "encoder":
-        model, feeds = encoder_model(), encoder_inputs(1, 128)
+    if emulate:  # a dry run on a machine without a GPU: the CUDA C on the emulated device, no timings
+        arch = "sm_90"
     else:
-        model = reweight(onnx.load(light_model_path(name)), seed=0)
-        x = np.random.default_rng(0).normal(size=[d.dim_value for d in model.graph.input[0].type.tensor_type.shape
-                                                  .dim]).astype(np.float32)
-        feeds = {model.graph.input[0].name: x}
+        import cupy
+
+        arch = "sm_{}{}".format(*cupy.cuda.Device().compute_capability)
+    if name == "encoder":
+        model, feeds = encoder_model(), encoder_inputs(1, 64)  # its position table has 64 rows
+    else:
+        proto = onnx.load(light_model_path(name))
+        model = with_outputs(reweight(proto, seed=0), softmax_logits(proto))  # the logits too: Softmax saturates
+        feeds = {v.name: np.random.default_rng(0).normal(size=[int(d) for d in v.type.shape]).astype(np.float32)
+                 for v in egraft.load(model).inputs}
     row: dict = {"model": name, "arch": arch}
     start = time.perf_counter()
-    compiled = egraft.compile(model, target="cuda", arch=arch)
+    compiled = egraft.compile(model, target="cuda", arch=arch, device="emulator" if emulate else "cuda")
     row["compile_s"] = round(time.perf_counter() - start, 2)
     report = compiled.report()
     row.update(kernels=len(report["kernels"]), fallbacks=len(report["fallbacks"]),
@@ -129,6 +135,8 @@ def check_model(name: str, repeat: int, rounds: int) -> dict:
     errors = [float(np.abs(got[k] - v).max() / max(np.abs(v).max(), 1e-30)) for k, v in want.items()]
     row["max_rel_error"] = max(errors)
     row["matches"] = row["max_rel_error"] <= 1e-3
+    if emulate:
+        return row
     device_feeds = {k: cupy.asarray(v) for k, v in feeds.items()}
     sync = cupy.cuda.get_current_stream().synchronize
     from egraft.lowering.cuda_runtime import CudaModel
@@ -158,6 +166,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*")
+    parser.add_argument("--emulate", action="store_true",
+                        help="no GPU: run the CUDA builds on the emulated device and skip the timings (a dry run)")
     args = parser.parse_args()
     ensure_imports(args.wheels)
     from egraft.testing.models import LIGHT_MODELS
@@ -166,7 +176,7 @@ def main() -> None:
     rows = []
     for name in names:
         try:
-            rows.append(check_model(name, args.repeat, args.rounds))
+            rows.append(check_model(name, args.repeat, args.rounds, args.emulate))
         except Exception as e:  # one model's failure is a row, not the end of the run
             rows.append({"model": name, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]})
         print(json.dumps(rows[-1]), flush=True)
