@@ -377,3 +377,35 @@ def test_a_bundled_model_runs_on_the_emulated_device_as_onnxruntime_does(name):
     for output, expected in zip([o.name for o in model.graph.output], _ort(model, feeds)):
         np.testing.assert_allclose(got[output], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max(),
                                    err_msg=output)
+
+
+@needs_gxx
+def test_values_of_unknown_rank_stay_on_the_host_with_the_steps_that_read_them():
+    """An If whose branches differ in rank (silero's decoders): its output has no rank until it
+    runs, so it lives on the host and the Relu that reads it runs its reference kernel too;
+    the rest of the model runs on the device."""
+    then_branch = helper.make_graph([helper.make_node("Unsqueeze", ["x2", "zero_axis"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["x2"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["x2"]),
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+        helper.make_node("If", ["positive"], ["branch"], then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Relu", ["branch"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero_axis")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "ranks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    compiled = _cuda(model, device="emulator", rewrite=False)
+    assert {f["op"] for f in compiled.report()["fallbacks"]} >= {"If"}
+    for x in (np.array([1.0, -0.5, 2.0], np.float32), np.array([-1.0, -0.5, 0.25, 0.1], np.float32)):
+        got = compiled.run({"x": x})["y"]
+        want = _ort(model, {"x": x})[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6)

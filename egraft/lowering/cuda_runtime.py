@@ -201,6 +201,9 @@ class _Bound:
     graph: object | None = None
     #: the input dims and those the host derived from them (a Range's length ``_d0``)
     bindings: dict = field(default_factory=dict)
+    #: values that live on the host: an unknown rank, or dims only a fallback's run tells
+    #: (an If's outputs); the steps that read them run their reference kernels too
+    host: set = field(default_factory=set)
 
 
 def _stand_in(v, bindings: Bindings) -> np.ndarray:
@@ -267,6 +270,7 @@ class CudaModel:
         bindings = bound.bindings  # with the dims the host derived (a Range's length)
         for v in self.graph.inputs:
             device.write(bound.address[v.name], feeds[v.name] if v.name in on_device else arrays[v.name])
+        host_values: dict[str, np.ndarray] = {}  # this call's values that live on the host
         if bound.graph is not None:
             device.replay(bound.graph)
         else:
@@ -278,7 +282,7 @@ class CudaModel:
                         raise ExecutionError(f"the CUDA kernel of {action[3]} failed to launch: "
                                              f"{type(e).__name__}: {e}") from None
                 else:
-                    self._fallback(device, action[1], bound, bindings)
+                    self._fallback(device, action[1], bound, bindings, host_values)
             if self.cuda_graph and not any(a[0] == "fallback" for a in bound.actions):
                 bound.graph = device.capture(lambda: [device.launch(self.program, a[1], a[2], bindings)
                                                       for a in bound.actions])
@@ -290,6 +294,8 @@ class CudaModel:
         for v in self.graph.outputs:
             if v.const is not None:
                 out[v.name] = self.graph.constants[v.const]
+            elif v.name in bound.host:
+                out[v.name] = host_values[v.name]
             else:
                 out[v.name] = device.download(bound.address[v.name], bound.shapes[v.name], v.type.dtype.numpy,
                                               bound.keep, bool(on_device))
@@ -309,34 +315,57 @@ class CudaModel:
         for name, buffer in self._constant_buffers(device).items():
             bound.address[name] = device.address(buffer)
 
-        def located(v) -> int:
-            if v.name not in bound.shapes:
+        def evaluable(v) -> bool:
+            """Whether ``v``'s shape is known at these dims (else it lives on the host)."""
+            if v.name in bound.shapes:
+                return True
+            if v.name in bound.host or v.type.shape is None:
+                return False
+            try:
                 bound.shapes[v.name] = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
+            except (TypeError, ValueError):  # a dim only a fallback's run binds
+                return False
+            return True
+
+        def located(v) -> int:
+            if not evaluable(v):
+                raise ExecutionError(f"%{v.name} has no shape at these dims")
             if v.name not in bound.address:  # an input, an output, or a value with no arena buffer
                 buffer = device.alloc(int(np.prod(bound.shapes[v.name])) * v.type.dtype.numpy.itemsize)
                 bound.keep.append(buffer)
                 bound.address[v.name] = device.address(buffer)
             return bound.address[v.name]
 
+        def on_host(node) -> None:
+            """``node`` runs its reference kernel: its outputs of unknown shape stay on the host."""
+            for v in node.inputs:
+                if v is not None and v.const is None and v.name not in bound.host:
+                    located(v)
+            for v in node.outputs:
+                if v is not None:
+                    if evaluable(v):
+                        located(v)
+                    else:
+                        bound.host.add(v.name)
+            bound.actions.append(("fallback", node))
+
         for v in self.graph.inputs:
             located(v)
         calls = {c.step: c for c in self.lowered.kernels.calls}
         for step in self.lowered.steps:
             node = step.node
-            if step.kind == "view":
+            reads_host = any(v is not None and v.name in bound.host for v in node.inputs)
+            if step.kind == "fallback" or (reads_host and step.kind in ("kernel", "view")):
+                on_host(node)
+            elif step.kind == "view":
                 source = node.inputs[0]
                 bound.address[node.outputs[0].name] = located(source) + step.offset * source.type.dtype.numpy.itemsize
             elif step.kind == "kernel":
                 call = calls[step.index]
                 values = {v.name: v for v in (*node.inputs, *node.outputs) if v is not None}
                 bound.actions.append(("launch", call.module, [located(values[n]) for n in call.operands], node.label))
-            elif step.kind == "fallback":
-                for v in (*node.inputs, *node.outputs):
-                    if v is not None and v.const is None:
-                        located(v)
-                bound.actions.append(("fallback", node))
         for v in self.graph.outputs:
-            if v.const is None:
+            if v.const is None and v.name not in bound.host:
                 located(v)
         return bound
 
@@ -385,13 +414,15 @@ class CudaModel:
                             np.ascontiguousarray(self.graph.constants[v.const], v.type.dtype.numpy))
         return self._constants
 
-    def _fallback(self, device, node, bound: _Bound, bindings: Bindings) -> None:
-        """Run ``node``'s reference kernel on host copies of its inputs; write its outputs back."""
+    def _fallback(self, device, node, bound: _Bound, bindings: Bindings, host_values: dict) -> None:
+        """Run ``node``'s reference kernel on host copies of its inputs; write its outputs back
+        to the device, or keep them in ``host_values`` when they live on the host."""
         device.synchronize()
         env = {}
         for v in node.inputs:
             if v is not None and v.const is None:
-                env[v.name] = device.download(bound.address[v.name], bound.shapes[v.name], v.type.dtype.numpy, None)
+                env[v.name] = host_values[v.name] if v.name in bound.host else device.download(
+                    bound.address[v.name], bound.shapes[v.name], v.type.dtype.numpy, None)
         _run_node(self.graph, node, env, Bindings(bindings), check_outputs=True)
         for v in node.outputs:
             if v is None:
@@ -399,7 +430,10 @@ class CudaModel:
             result = env.get(v.name)
             if result is None:
                 raise ExecutionError(f"{node.label} produced no output %{v.name}")
-            device.write(bound.address[v.name], np.ascontiguousarray(result, v.type.dtype.numpy))
+            if v.name in bound.host:
+                host_values[v.name] = result
+            else:
+                device.write(bound.address[v.name], np.ascontiguousarray(result, v.type.dtype.numpy))
 
 
 __all__ = ["CudaModel", "CupyDevice", "EmulatedDevice", "NoCudaDevice", "DEVICES"]
