@@ -134,3 +134,9 @@ def test_cli_rules_check_exits_0_when_nothing_is_unsound(tmp_path):
     as_json = runner.invoke(app, ["rules", "check", str(path), "--json"])
     assert as_json.exit_code == 0
     assert '"sound": 1' in as_json.output
+    strict = runner.invoke(app, ["rules", "check", str(path), "--strict"])  # an unchecked rule fails it
+    assert strict.exit_code == 1 and "1 unchecked" in strict.output
+    checked = tmp_path / "checked.rules"
+    checked.write_text("ruleset checked\nrule negneg:\n    Neg(Neg(x)) => x\n")
+    strict = runner.invoke(app, ["rules", "check", str(checked), "--strict"])
+    assert strict.exit_code == 0 and "1 sound, 0 unsound, 0 unchecked" in strict.output

@@ -47,9 +47,12 @@ def rules_check(
     trials: Annotated[int, typer.Option(help="Instances to match per rule at most.")] = 40,
     seed: Annotated[int, typer.Option(help="Seed of the random constants and inputs.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Also exit 1 when a rule is unchecked (no instance of its pattern could be built).")] = False,
 ) -> None:
     """Check that each rule's replacement computes what it replaces, on small random
-    instances of its pattern run by the reference executor. Exits 1 when a rule is unsound.
+    instances of its pattern run by the reference executor. Exits 1 when a rule is unsound
+    (with --strict, also when one is unchecked).
 
     Example: egraft rules check my.rules
     """
@@ -81,7 +84,7 @@ def rules_check(
             table.add_row(c.rule, Text(c.status, style=styles[c.status]), Text(evidence), c.loc)
         console.print(table)
         console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
-    if counts["unsound"]:
+    if counts["unsound"] or (strict and counts["unchecked"]):
         raise typer.Exit(code=1)
 
 
