@@ -9,11 +9,11 @@ sequence). Shapes are small but never multiples of the tiles."""
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from cuda_cases import HAVE_GXX, HAVE_NVRTC
 from onnx import TensorProto, helper, numpy_helper
 
 import egraft
@@ -22,20 +22,8 @@ from egraft.kernels.cuda import generate
 from egraft.kernels.cuda.emit import Unsupported
 
 RNG = np.random.default_rng(7)
-HAVE_GXX = shutil.which("g++") is not None
 
 
-def _nvrtc_available() -> bool:
-    try:
-        from egraft.kernels.cuda.nvrtc import nvrtc
-
-        nvrtc()
-        return True
-    except Exception:
-        return False
-
-
-HAVE_NVRTC = _nvrtc_available()
 pytestmark = pytest.mark.skipif(not (HAVE_GXX or HAVE_NVRTC),
                                 reason="needs g++ (the CUDA emulator) or CuPy's NVRTC (the compile checks)")
 _COMPILER = ThreadPoolExecutor(1)  # NVRTC compiles while g++ builds the emulator's copy

@@ -15,201 +15,39 @@ cases one by one, so a failure names its case.
 
 from __future__ import annotations
 
-import re
-import shutil
-import zlib
-from dataclasses import dataclass, field
-
+import cuda_cases
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from cuda_cases import (
+    HAVE_GXX,
+    Case,
+    Const,
+    In,
+    compare,
+    emulate_cases,
+    feeds_of,
+    kernel_of,
+    run_batch,
+    run_onnxruntime,
+)
+from onnx import helper, numpy_helper
 
-import egraft
-from egraft.ir.dims import evaluate_dim
-from egraft.ir.infer import node_opset
 from egraft.ir.interpreter import run_graph
-from egraft.kernels.cuda import generate
-from egraft.kernels.cuda.emit import PRELUDE, CudaKernel, Launch, Param, Unsupported
+from egraft.kernels.cuda.emit import Unsupported
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
-
-try:
-    from egraft.kernels.cuda.nvrtc import compile_source, nvrtc
-
-    nvrtc()
-    HAS_NVRTC = True
-except Exception:  # CuPy or NVRTC missing: the numbers are still checked
-    HAS_NVRTC = False
+pytestmark = pytest.mark.skipif(not HAVE_GXX, reason="the CUDA emulator needs g++")
+HAS_NVRTC = cuda_cases.HAVE_NVRTC
+if HAS_NVRTC:
+    from egraft.kernels.cuda.nvrtc import compile_source
 
 RNG = np.random.default_rng(7)
 TRANSCENDENTAL = 1e-5
 ARITHMETIC = 1e-6
 
 
-# ---- building cases ----------------------------------------------------------------------------------
-@dataclass
-class In:
-    """A graph input: its ONNX shape (ints or dim names), element type and values (an array,
-    or a function of the concrete shape and a random generator; random when absent)."""
-
-    name: str
-    shape: list
-    dtype: type = np.float32
-    values: object = None
-
-
-@dataclass
-class Const:
-    """An initializer read by the node."""
-
-    name: str
-    value: np.ndarray
-
-
-@dataclass
-class Case:
-    id: str
-    model: onnx.ModelProto
-    graph: object
-    inputs: list
-    bindings: list = field(default_factory=lambda: [{}])
-    rtol: float = ARITHMETIC
-    onnxruntime: bool = True
-
-    @property
-    def node(self):
-        return self.graph.nodes[0]
-
-
-def case(id: str, op: str, inputs: list, *, attrs: dict | None = None, domain: str = "", opset: int = 17,
-         outputs: int = 1, bindings: list | None = None, rtol: float = ARITHMETIC, onnxruntime: bool = True) -> Case:
-    """A one-node model of ``op`` over ``inputs`` (In, Const, or "" for an absent one)."""
-    graph_inputs = [helper.make_tensor_value_info(x.name, helper.np_dtype_to_tensor_dtype(np.dtype(x.dtype)),
-                                                  x.shape) for x in inputs if isinstance(x, In)]
-    initializers = [numpy_helper.from_array(x.value, x.name) for x in inputs if isinstance(x, Const)]
-    names = [x if isinstance(x, str) else x.name for x in inputs]
-    outs = [f"y{k}" for k in range(outputs)]
-    node = helper.make_node(op, names, outs, domain=domain, **(attrs or {}))
-    graph_outputs = [helper.make_tensor_value_info(y, TensorProto.UNDEFINED, None) for y in outs]
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.egraft", 1)]
-    model = helper.make_model(helper.make_graph([node], id, graph_inputs, graph_outputs, initializers),
-                              opset_imports=opsets)
-    model.ir_version = 8
-    graph = egraft.load(model)
-    for out, v in zip(model.graph.output, graph.nodes[0].outputs):  # onnxruntime wants the output types
-        out.type.tensor_type.elem_type = v.type.dtype.value
-    return Case(id, model, graph, inputs, bindings or [{}], rtol, onnxruntime and domain == "")
-
-
-def _concrete(shape: list, bindings: dict) -> tuple:
-    return tuple(bindings[d] if isinstance(d, str) else d for d in shape)
-
-
-def feeds_of(c: Case, bindings: dict) -> dict[str, np.ndarray]:
-    """The values of the case's graph inputs at ``bindings`` (the same ones every time)."""
-    rng = np.random.default_rng(zlib.crc32(f"{c.id} {sorted(bindings.items())}".encode()))
-    out = {}
-    for x in c.inputs:
-        if not isinstance(x, In):
-            continue
-        shape = _concrete(x.shape, bindings)
-        if callable(x.values):
-            value = x.values(shape, rng)
-        elif x.values is not None:
-            value = x.values
-        elif np.dtype(x.dtype) == np.bool_:
-            value = rng.random(shape) < 0.5
-        elif np.dtype(x.dtype).kind in "iu":
-            value = rng.integers(-20 if np.dtype(x.dtype).kind == "i" else 0, 20, shape)
-        else:
-            value = rng.standard_normal(shape) * 2
-        out[x.name] = np.asarray(value).astype(x.dtype)
-    return out
-
-
-def node_inputs(c: Case, feeds: dict) -> list:
-    """The node's inputs in slot order: feeds, constants, or None when absent."""
-    out = []
-    for v in c.node.inputs:
-        if v is None:
-            out.append(None)
-        elif v.const is not None:
-            out.append(c.graph.constants[v.const])
-        else:
-            out.append(feeds[v.name])
-    return out
-
-
-def kernel_of(c: Case) -> CudaKernel:
-    return generate(c.node, c.graph, node_opset(c.graph, c.node))
-
-
-# ---- running batches in the emulator ----------------------------------------------------------------------
-def batch_kernel(kernels: list[CudaKernel]) -> CudaKernel:
-    """One translation unit that runs every kernel of ``kernels``: kernel ``j``'s functions,
-    helpers and operands renamed with a ``_k<j>`` suffix, its operands' roles ``(kind, 1000
-    * j + slot)``, every function taking every operand."""
-    prelude = PRELUDE.strip()
-    prelude_names = set(re.findall(r"\beg_\w+", prelude))
-    params: list[Param] = []
-    dims: dict[str, Param] = {}
-    parts, launches = [], []
-    for j, kernel in enumerate(kernels):
-        assert kernel.source.startswith(prelude)
-        text = kernel.source[len(prelude):]
-        renames = {p.name: f"{p.name}_k{j}" for p in kernel.params if p.role[0] != "dim"}
-        renames |= {name: f"{name}_k{j}" for name in set(re.findall(r"\beg_\w+", text)) - prelude_names}
-        text = re.sub(r"\b(" + "|".join(map(re.escape, renames)) + r")\b", lambda m: renames[m.group(1)], text)
-        text = re.sub(r'(extern "C" __global__ void \w+)\([^)]*\)', r"\1(EG_BATCH_SIGNATURE)", text)
-        parts.append(text)
-        for p in kernel.params:
-            if p.role[0] == "dim":
-                dims[p.name] = p
-            else:
-                params.append(Param((p.role[0], 1000 * j + p.role[1]), renames[p.name], p.ctype))
-        launches += [Launch(renames[launch.function], launch.grid, launch.block, launch.shared_bytes)
-                     for launch in kernel.launches]
-    params.sort(key=lambda p: p.role[0] != "out")
-    params += sorted(dims.values(), key=lambda p: p.name)
-    signature = ", ".join(
-        f"{p.ctype} {p.name}" if p.role[0] == "dim"
-        else f"{'const ' if p.role[0] == 'in' else ''}{p.ctype}* __restrict__ {p.name}" for p in params)
-    source = prelude + "".join(parts).replace("EG_BATCH_SIGNATURE", signature)
-    return CudaKernel(source, tuple(launches), tuple(params))
-
-
-def _empty_outputs(c: Case, bindings: dict) -> list[np.ndarray]:
-    outs = []
-    for v in c.node.outputs:
-        shape = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
-        dtype = v.type.dtype.numpy
-        outs.append(np.full(shape, np.nan, dtype) if dtype.kind == "f" else np.zeros(shape, dtype))
-    return outs
-
-
-def run_batch(cases: list[Case], bindings: dict) -> dict[str, list[np.ndarray]]:
-    """Every case's outputs at ``bindings``, from one emulator run."""
-    from egraft.testing.cuda_emulator import emulator
-
-    arrays, results = {}, {}
-    for j, c in enumerate(cases):
-        inputs = node_inputs(c, feeds_of(c, bindings))
-        for i, x in enumerate(inputs):
-            if x is not None:
-                arrays[("in", 1000 * j + i)] = np.ascontiguousarray(x, c.node.inputs[i].type.dtype.numpy)
-        outs = _empty_outputs(c, bindings)
-        for i, y in enumerate(outs):
-            arrays[("out", 1000 * j + i)] = y
-        results[c.id] = outs
-    emulator().run(batch_kernel([kernel_of(c) for c in cases]), arrays, bindings)
-    return results
-
-
-def run_alone(c: Case, bindings: dict) -> list[np.ndarray]:
-    from egraft.testing.cuda_emulator import emulate_node
-
-    return emulate_node(c.node, c.graph, node_inputs(c, feeds_of(c, bindings)), bindings)
+def case(*args, ir_version: int = 8, **kwargs) -> Case:
+    """A case (:func:`cuda_cases.case`) at IR version 8, which onnxruntime reads for every opset here."""
+    return cuda_cases.case(*args, ir_version=ir_version, **kwargs)
 
 
 # ---- the cases --------------------------------------------------------------------------------------------
@@ -404,44 +242,8 @@ assert len(BY_ID) == len(CASES), "case ids must be unique"
 
 @pytest.fixture(scope="module")
 def emulated() -> dict[tuple, list[np.ndarray]]:
-    """(case id, bindings index) -> outputs, every group of cases that shares bindings run
-    as one batch (or one by one when the batch fails)."""
-    groups: dict[tuple, list[tuple[Case, int]]] = {}
-    for c in CASES:
-        for k, b in enumerate(c.bindings):
-            groups.setdefault(tuple(sorted(b.items())), []).append((c, k))
-    results = {}
-    for key, members in groups.items():
-        bindings = dict(key)
-        try:
-            outs = run_batch([c for c, _ in members], bindings)
-        except Exception:
-            outs = {}
-            for c, _ in members:
-                try:
-                    outs[c.id] = run_alone(c, bindings)
-                except Exception as e:  # the case's own test reports it
-                    outs[c.id] = e
-        for c, k in members:
-            results[c.id, k] = outs[c.id]
-    return results
-
-
-def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
-def _compare(got: np.ndarray, want: np.ndarray, rtol: float, what: str) -> None:
-    want = np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
-    if got.dtype.kind in "biu" or rtol == 0:
-        np.testing.assert_array_equal(got, want, err_msg=what)
-    else:
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * 1e-1, err_msg=what)
+    """(case id, bindings index) -> outputs (:func:`cuda_cases.emulate_cases`)."""
+    return emulate_cases(CASES)
 
 
 @pytest.mark.parametrize("case_id", [c.id for c in CASES])
@@ -463,10 +265,10 @@ def test_kernel(case_id: str, emulated) -> None:
         feeds = feeds_of(c, bindings)
         want = run_graph(c.graph, feeds)
         for v, got in zip(c.node.outputs, outs):
-            _compare(got, want[v.name], c.rtol, f"{c.id} {v.name} at {bindings} (registry)")
+            compare(got, want[v.name], c.rtol, f"{c.id} {v.name} at {bindings} (registry)")
         if c.onnxruntime:
-            for v, got, ort in zip(c.node.outputs, outs, _onnxruntime(c.model, feeds)):
-                _compare(got, ort, max(c.rtol, ARITHMETIC), f"{c.id} {v.name} at {bindings} (onnxruntime)")
+            for v, got, ort in zip(c.node.outputs, outs, run_onnxruntime(c.model, feeds)):
+                compare(got, ort, max(c.rtol, ARITHMETIC), f"{c.id} {v.name} at {bindings} (onnxruntime)")
 
 
 def test_nvrtc_is_available() -> None:
@@ -509,7 +311,7 @@ def test_sixty_four_bit_indices(monkeypatch) -> None:
     for c in cases:
         want = run_graph(c.graph, feeds_of(c, bindings))
         for v, got in zip(c.node.outputs, outs[c.id]):
-            _compare(got, want[v.name], c.rtol, f"{c.id} (64-bit indices)")
+            compare(got, want[v.name], c.rtol, f"{c.id} (64-bit indices)")
 
 
 def test_broadcast_kernel_specialises_operands() -> None:

@@ -12,11 +12,11 @@ multiples of the tiles (64 x 64 outputs, 64 bytes of K a step)."""
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from cuda_cases import HAVE_GXX, HAVE_NVRTC
 from onnx import TensorProto, helper, numpy_helper
 
 import egraft
@@ -24,20 +24,8 @@ from egraft.ir.interpreter import check_feeds, run_graph
 from egraft.kernels.cuda import generate
 
 RNG = np.random.default_rng(11)
-HAVE_GXX = shutil.which("g++") is not None
 
 
-def _nvrtc_available() -> bool:
-    try:
-        from egraft.kernels.cuda.nvrtc import nvrtc
-
-        nvrtc()
-        return True
-    except Exception:
-        return False
-
-
-HAVE_NVRTC = _nvrtc_available()
 pytestmark = pytest.mark.skipif(not (HAVE_GXX or HAVE_NVRTC),
                                 reason="needs g++ (the CUDA emulator) or CuPy's NVRTC (the compile checks)")
 _COMPILER = ThreadPoolExecutor(1)  # NVRTC compiles while g++ builds the emulator's copy

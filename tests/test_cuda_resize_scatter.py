@@ -6,7 +6,7 @@ registry's numpy semantics (``run_graph``) and onnxruntime (1e-5 relative; 1e-4 
 and ConvTranspose; exactly for integers).
 
 The emulator compiles a translation unit with g++ in about a second, so the cases run in
-*batches*, as in test_cuda_elementwise_data.py: the kernels of the cases that share dim
+*batches* (tests/cuda_cases.py): the kernels of the cases that share dim
 bindings (and that all synchronize threads, or all do not: a synchronizing kernel runs one
 OS thread per CUDA thread) are renamed apart into one translation unit and launched by one
 emulator run; NVRTC compiles every case's kernel in one translation unit too. A batch that
@@ -15,120 +15,38 @@ fails falls back to its cases one by one, so a failure names its case.
 
 from __future__ import annotations
 
-import re
-import shutil
-import zlib
-from dataclasses import dataclass, field
-
+import cuda_cases
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from cuda_cases import (
+    HAVE_GXX,
+    Case,
+    Const,
+    In,
+    batch_kernel,
+    compare,
+    emulate_cases,
+    feeds_of,
+    kernel_of,
+    run_onnxruntime,
+)
 
-import egraft
-from egraft.ir.dims import evaluate_dim
-from egraft.ir.infer import node_opset
 from egraft.ir.interpreter import run_graph
-from egraft.kernels.cuda import generate
-from egraft.kernels.cuda.emit import PRELUDE, CudaKernel, Launch, Param, Unsupported
+from egraft.kernels.cuda.emit import Unsupported
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
-
-try:
-    from egraft.kernels.cuda.nvrtc import compile_source, nvrtc
-
-    nvrtc()
-    HAS_NVRTC = True
-except Exception:  # CuPy or NVRTC missing: the numbers are still checked
-    HAS_NVRTC = False
+pytestmark = pytest.mark.skipif(not HAVE_GXX, reason="the CUDA emulator needs g++")
+HAS_NVRTC = cuda_cases.HAVE_NVRTC
+if HAS_NVRTC:
+    from egraft.kernels.cuda.nvrtc import compile_source
 
 F32, I64, I32 = np.float32, np.int64, np.int32
 RTOL = 1e-5
 LOOSE = 1e-4
 
 
-# ---- building cases ---------------------------------------------------------------------------------
-@dataclass
-class In:
-    """A graph input: its ONNX shape (ints or dim names), element type and values (an array,
-    or a function of the concrete shape and a random generator; random when absent)."""
-
-    name: str
-    shape: list
-    dtype: type = F32
-    values: object = None
-
-
-@dataclass
-class Const:
-    """An initializer read by the node."""
-
-    name: str
-    value: np.ndarray
-
-
-@dataclass
-class Case:
-    id: str
-    model: onnx.ModelProto
-    graph: object
-    inputs: list
-    bindings: list = field(default_factory=lambda: [{}])
-    rtol: float = RTOL
-    onnxruntime: bool = True
-    function: str | None = None
-
-    @property
-    def node(self):
-        return self.graph.nodes[0]
-
-
-def case(id: str, op: str, inputs: list, *, attrs: dict | None = None, opset: int = 17, bindings=None,
-         rtol: float = RTOL, onnxruntime: bool = True, function: str | None = None) -> Case:
-    """A one-node model of ``op`` over ``inputs`` (In, Const, or "" for an absent one);
-    ``function``: the first launch's function the generator must choose."""
-    graph_inputs = [helper.make_tensor_value_info(x.name, helper.np_dtype_to_tensor_dtype(np.dtype(x.dtype)),
-                                                  x.shape) for x in inputs if isinstance(x, In)]
-    initializers = [numpy_helper.from_array(x.value, x.name) for x in inputs if isinstance(x, Const)]
-    names = [x if isinstance(x, str) else x.name for x in inputs]
-    node = helper.make_node(op, names, ["y"], **(attrs or {}))
-    graph = helper.make_graph([node], id, graph_inputs, [helper.make_tensor_value_info("y", TensorProto.UNDEFINED,
-                                                                                       None)], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    loaded = egraft.load(model)
-    model.graph.output[0].type.tensor_type.elem_type = loaded.nodes[0].outputs[0].type.dtype.value
-    return Case(id, model, loaded, inputs, bindings or [{}], rtol, onnxruntime, function)
-
-
-def feeds_of(c: Case, bindings: dict) -> dict[str, np.ndarray]:
-    """The values of the case's graph inputs at ``bindings`` (the same ones every time)."""
-    rng = np.random.default_rng(zlib.crc32(f"{c.id} {sorted(bindings.items())}".encode()))
-    out = {}
-    for x in c.inputs:
-        if not isinstance(x, In):
-            continue
-        shape = tuple(bindings[d] if isinstance(d, str) else d for d in x.shape)
-        if callable(x.values):
-            value = x.values(shape, rng)
-        elif x.values is not None:
-            value = x.values
-        elif np.dtype(x.dtype).kind == "i":
-            value = rng.integers(-20, 20, shape)
-        else:
-            value = rng.standard_normal(shape) * 2
-        out[x.name] = np.asarray(value).astype(x.dtype)
-    return out
-
-
-def node_inputs(c: Case, feeds: dict) -> list:
-    """The node's inputs in slot order: feeds, constants, or None when absent."""
-    return [None if v is None else c.graph.constants[v.const] if v.const is not None else feeds[v.name]
-            for v in c.node.inputs]
-
-
-def kernel_of(c: Case) -> CudaKernel:
-    return generate(c.node, c.graph, node_opset(c.graph, c.node))
+def case(*args, rtol: float = RTOL, **kwargs) -> Case:
+    """A case (:func:`cuda_cases.case`) judged at 1e-5 by default."""
+    return cuda_cases.case(*args, rtol=rtol, **kwargs)
 
 
 # ---- index values ---------------------------------------------------------------------------------------
@@ -158,67 +76,6 @@ def distinct_tuples(count: int, dims: list[int], rng: np.random.Generator) -> np
     return tuples - np.array(dims) * (rng.random(tuples.shape) < 0.3)
 
 
-# ---- running batches in the emulator --------------------------------------------------------------------
-def batch_kernel(kernels: list[CudaKernel]) -> CudaKernel:
-    """One translation unit that runs every kernel of ``kernels``: kernel ``j``'s functions,
-    helpers and operands renamed with a ``_k<j>`` suffix, its operands' roles ``(kind, 1000
-    * j + slot)``, every function taking every operand."""
-    prelude = PRELUDE.strip()
-    prelude_names = set(re.findall(r"\beg_\w+", prelude))
-    params: list[Param] = []
-    dims: dict[str, Param] = {}
-    parts, launches = [], []
-    for j, kernel in enumerate(kernels):
-        assert kernel.source.startswith(prelude)
-        text = kernel.source[len(prelude):]
-        renames = {p.name: f"{p.name}_k{j}" for p in kernel.params if p.role[0] != "dim"}
-        renames |= {name: f"{name}_k{j}" for name in set(re.findall(r"\beg_\w+", text)) - prelude_names}
-        text = re.sub(r"\b(" + "|".join(map(re.escape, renames)) + r")\b", lambda m: renames[m.group(1)], text)
-        parts.append(re.sub(r'(extern "C" __global__ void \w+)\([^)]*\)', r"\1(EG_BATCH_SIGNATURE)", text))
-        for p in kernel.params:
-            if p.role[0] == "dim":
-                dims[p.name] = p
-            else:
-                params.append(Param((p.role[0], 1000 * j + p.role[1]), renames[p.name], p.ctype))
-        launches += [Launch(renames[launch.function], launch.grid, launch.block, launch.shared_bytes)
-                     for launch in kernel.launches]
-    params.sort(key=lambda p: p.role[0] != "out")
-    params += sorted(dims.values(), key=lambda p: p.name)
-    signature = ", ".join(
-        f"{p.ctype} {p.name}" if p.role[0] == "dim"
-        else f"{'const ' if p.role[0] == 'in' else ''}{p.ctype}* __restrict__ {p.name}" for p in params)
-    source = prelude + "".join(parts).replace("EG_BATCH_SIGNATURE", signature)
-    return CudaKernel(source, tuple(launches), tuple(params))
-
-
-def _empty_output(c: Case, bindings: dict) -> np.ndarray:
-    v = c.node.outputs[0]
-    shape = tuple(int(evaluate_dim(d, bindings)) for d in v.type.shape)
-    dtype = v.type.dtype.numpy
-    return np.full(shape, np.nan, dtype) if dtype.kind == "f" else np.full(shape, -99, dtype)
-
-
-def run_batch(cases: list[Case], bindings: dict) -> dict[str, np.ndarray]:
-    """Every case's output at ``bindings``, from one emulator run."""
-    from egraft.testing.cuda_emulator import emulator
-
-    arrays, results = {}, {}
-    for j, c in enumerate(cases):
-        for i, x in enumerate(node_inputs(c, feeds_of(c, bindings))):
-            if x is not None:
-                arrays[("in", 1000 * j + i)] = np.ascontiguousarray(x, c.node.inputs[i].type.dtype.numpy)
-        results[c.id] = arrays[("out", 1000 * j)] = _empty_output(c, bindings)
-    emulator().run(batch_kernel([kernel_of(c) for c in cases]), arrays, bindings)
-    return results
-
-
-def run_alone(c: Case, bindings: dict) -> np.ndarray:
-    from egraft.testing.cuda_emulator import emulate_node
-
-    return emulate_node(c.node, c.graph, node_inputs(c, feeds_of(c, bindings)), bindings)[0]
-
-
-# ---- the cases --------------------------------------------------------------------------------------------
 def _resize_cases() -> list[Case]:
     out = []
 
@@ -385,33 +242,8 @@ assert len(BY_ID) == len(CASES), "case ids must be unique"
 
 @pytest.fixture(scope="module")
 def emulated() -> dict[tuple, np.ndarray]:
-    """(case id, bindings index) -> output, the cases batched by bindings and by whether
-    their kernels synchronize (or one by one when a batch fails)."""
-    from egraft.testing.cuda_emulator import synchronizes
-
-    groups: dict[tuple, list[tuple[Case, int]]] = {}
-    for c in CASES:
-        try:
-            threaded = synchronizes(kernel_of(c))
-        except Exception:  # the case's own test reports it
-            threaded = False
-        for k, b in enumerate(c.bindings):
-            groups.setdefault((threaded, tuple(sorted(b.items()))), []).append((c, k))
-    results = {}
-    for (_, key), members in groups.items():
-        bindings = dict(key)
-        try:
-            outs = run_batch([c for c, _ in members], bindings)
-        except Exception:
-            outs = {}
-            for c, _ in members:
-                try:
-                    outs[c.id] = run_alone(c, bindings)
-                except Exception as e:
-                    outs[c.id] = e
-        for c, k in members:
-            results[c.id, k] = outs[c.id]
-    return results
+    """(case id, bindings index) -> output (:func:`cuda_cases.emulate_cases`; each case has one)."""
+    return {key: outs if isinstance(outs, Exception) else outs[0] for key, outs in emulate_cases(CASES).items()}
 
 
 @pytest.fixture(scope="module")
@@ -436,23 +268,6 @@ def compiled() -> dict:
     return {cid: [(launch, module.resources[name]) for name, launch in pairs] for cid, pairs in names.items()}
 
 
-def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)[0]
-
-
-def _compare(got: np.ndarray, want: np.ndarray, rtol: float, what: str) -> None:
-    want = np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
-    if got.dtype.kind in "biu":
-        np.testing.assert_array_equal(got, want, err_msg=what)
-    else:
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol, err_msg=what)
-
-
 @pytest.mark.parametrize("case_id", [c.id for c in CASES])
 def test_kernel(case_id: str, emulated, compiled) -> None:
     """NVRTC compiles the kernel for sm_90 with no spills and at most 48 KiB of static
@@ -470,9 +285,10 @@ def test_kernel(case_id: str, emulated, compiled) -> None:
         if isinstance(got, Exception):
             raise got
         feeds = feeds_of(c, bindings)
-        _compare(got, run_graph(c.graph, feeds)["y"], c.rtol, f"{c.id} at {bindings} (registry)")
+        compare(got, run_graph(c.graph, feeds)["y0"], c.rtol, f"{c.id} at {bindings} (registry)", atol=c.rtol)
         if c.onnxruntime:
-            _compare(got, _onnxruntime(c.model, feeds), c.rtol, f"{c.id} at {bindings} (onnxruntime)")
+            compare(got, run_onnxruntime(c.model, feeds)[0], c.rtol, f"{c.id} at {bindings} (onnxruntime)",
+                    atol=c.rtol)
 
 
 def test_nvrtc_is_available() -> None:

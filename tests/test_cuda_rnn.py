@@ -9,11 +9,11 @@ of 32 (the emulator runs one OS thread per CUDA thread: blocks stay at 128 threa
 
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from cuda_cases import HAVE_GXX, HAVE_NVRTC
 from onnx import TensorProto, helper, numpy_helper
 
 import egraft
@@ -22,22 +22,10 @@ from egraft.kernels.cuda import generate
 from egraft.kernels.cuda.emit import Unsupported
 
 RNG = np.random.default_rng(11)
-HAVE_GXX = shutil.which("g++") is not None
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 OUTPUTS = {"LSTM": ("Y", "Y_h", "Y_c"), "GRU": ("Y", "Y_h"), "RNN": ("Y", "Y_h")}
 
 
-def _nvrtc_available() -> bool:
-    try:
-        from egraft.kernels.cuda.nvrtc import nvrtc
-
-        nvrtc()
-        return True
-    except Exception:
-        return False
-
-
-HAVE_NVRTC = _nvrtc_available()
 pytestmark = pytest.mark.skipif(not (HAVE_GXX or HAVE_NVRTC),
                                 reason="needs g++ (the CUDA emulator) or CuPy's NVRTC (the compile checks)")
 _COMPILER = ThreadPoolExecutor(1)  # NVRTC compiles while g++ builds the emulator's copy
