@@ -322,33 +322,14 @@ class Emulator:
     def run(self, kernel: CudaKernel, arrays: dict[tuple, np.ndarray], bindings: dict[str, int] | None = None) -> None:
         """Run every launch of ``kernel`` in order on ``arrays`` (by operand role, C-contiguous,
         of the kernel's element types; outputs are written in place)."""
-        bindings = dict(bindings or {})
-        if kernel.library is not None:
-            self.launch(kernel, [arrays[p.role].ctypes.data for p in kernel.params if p.role[0] != "dim"], bindings)
-            return
-        library = self.library(kernel)
-        keep = []
-        pointers = (ctypes.c_void_p * len(kernel.params))()
-        for k, p in enumerate(kernel.params):
-            if p.role[0] == "dim":
-                value = np.array([bindings[p.role[1]]], np.int64)
-                keep.append(value)
-                pointers[k] = value.ctypes.data
-            else:
+        addresses = []
+        for p in kernel.params:
+            if p.role[0] != "dim":
                 array = arrays[p.role]
                 if not array.flags.c_contiguous:
                     raise ValueError(f"operand {p.role} is not C-contiguous")
-                pointers[k] = array.ctypes.data
-        mode = (FIBERS if os.environ.get("EGRAFT_EMULATOR_FIBERS", "1") != "0" else OS_THREADS) \
-            if synchronizes(kernel) else SERIAL
-        for launch in kernel.launches:
-            call = getattr(library, f"eg_call_{launch.function}")
-            status = self.runtime.eg_launch(ctypes.cast(call, ctypes.c_void_p), pointers, *launch.grid_at(bindings),
-                                            *launch.block, launch.shared_bytes, mode)
-            if status != 0:
-                raise RuntimeError(f"{launch.function}: some threads of a block wait at a barrier that others never "
-                                   "reach (an early return before __syncthreads)")
-        del keep
+                addresses.append(array.ctypes.data)
+        self.launch(kernel, addresses, dict(bindings or {}))
 
 
 def emulate_node(node, graph, inputs: list[np.ndarray], bindings: dict[str, int] | None = None,
