@@ -25,7 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -35,14 +35,13 @@ from egraft.ir.dtypes import DType
 from egraft.ir.ops.shape import onnx_slice
 from egraft.kernels.cuda import register_kernel
 from egraft.kernels.cuda.elementwise import (
-    BLOCK,
-    MAX_BLOCKS,
     Operand,
     c_dim,
     c_literal,
     decompose,
     dims_product,
     emit_broadcast,
+    grid_stride,
     indent,
     index_variants,
     same_dim,
@@ -80,22 +79,6 @@ def _ints(ctx: CudaContext, slot: int, what: str) -> list[int] | None:
     if value is None:
         raise Unsupported(f"{ctx.node.op} with non-constant {what}")
     return [int(v) for v in np.asarray(value).ravel()]
-
-
-def _loop(ctx: CudaContext, name: str, count, counts: Sequence, body: Callable[[str], list[str]],
-          prelude: Sequence[str] = ()) -> None:
-    """Write ``name``: a grid-stride loop of :data:`BLOCK`-thread blocks over ``count``
-    running ``body(index_type)`` per index ``i`` (``counts``: the element counts the
-    indices reach, which choose the index type)."""
-    def loop(itype: str) -> list[str]:
-        return [f"const {itype} n = {c_dim(ctx, count, itype)};",
-                f"const {itype} step = ({itype})gridDim.x * {BLOCK};",
-                f"for ({itype} i = ({itype})blockIdx.x * {BLOCK} + threadIdx.x; i < n; i += step) {{",
-                indent(body(itype)),
-                "}"]
-
-    lines = [*prelude, *index_variants(ctx, [count, *counts], loop)]
-    ctx.function(name, indent(lines), grid=ctx.blocks_for(count, BLOCK, MAX_BLOCKS), block=BLOCK)
 
 
 # ---- the mapped copy -------------------------------------------------------------------------------
@@ -171,7 +154,7 @@ def emit_mapped_copy(ctx: CudaContext, name: str, axes: Sequence[AxisMap], base=
             read = f"({' && '.join(inside)}) ? {read} : {fill}"
         return [*lines, f"{y}[i] = {read};"]
 
-    _loop(ctx, name, dims_product(out_shape), [dims_product(ctx.in_shape(slot))], body)
+    grid_stride(ctx, name, dims_product(out_shape), [dims_product(ctx.in_shape(slot))], body)
 
 
 def _unmapped(ctx: CudaContext, k: int, a: AxisMap, itype: str, inside: list[str]) -> list[str]:
@@ -432,7 +415,7 @@ def gather(ctx: CudaContext) -> None:
                 f"j = j < 0 ? j + {a} : j;",
                 f"{y}[i] = {x}[(c0 * {a} + j) * {c_dim(ctx, inner, itype)} + c2];"]
 
-    _loop(ctx, "eg_gather", dims_product(ctx.out_shape(0)), [dims_product(shape)], body)
+    grid_stride(ctx, "eg_gather", dims_product(ctx.out_shape(0)), [dims_product(shape)], body)
 
 
 def _pieces_chain(sizes: Sequence, itype: str, ctx: CudaContext, action) -> list[str]:
@@ -469,7 +452,7 @@ def concat(ctx: CudaContext) -> None:
 
         return _row_split(ctx, outer, row, itype) + _pieces_chain(rows, itype, ctx, read)
 
-    _loop(ctx, "eg_concat", dims_product(out), [], body)
+    grid_stride(ctx, "eg_concat", dims_product(out), [], body)
 
 
 def _row_split(ctx: CudaContext, outer, row, itype: str) -> list[str]:
@@ -499,7 +482,7 @@ def split(ctx: CudaContext) -> None:
                 *_row_split(ctx, dims_product(shape[:axis]), dims_product(shape[axis:]), itype),
                 *_pieces_chain(rows, itype, ctx, write)]
 
-    _loop(ctx, "eg_split", dims_product(shape), [], body)
+    grid_stride(ctx, "eg_split", dims_product(shape), [], body)
 
 
 # ---- Shape, Size, ConstantOfShape, Range ------------------------------------------------------------------
@@ -548,7 +531,7 @@ def range_(ctx: CudaContext) -> None:
         prelude.append(f"const {ctype} {name} = {literal};")
     count = dims_product(ctx.out_shape(0))
     y = ctx.y(0)
-    _loop(ctx, "eg_range", count, [], lambda itype: [f"{y}[i] = ({ctype})(start + ({ctype})i * delta);"], prelude)
+    grid_stride(ctx, "eg_range", count, [], lambda itype: [f"{y}[i] = ({ctype})(start + ({ctype})i * delta);"], prelude)
 
 
 __all__ = ["AxisMap", "collapse", "emit_mapped_copy", "reduce_permutation", "TILE", "TILE_ROWS"]

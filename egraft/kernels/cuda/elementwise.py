@@ -195,6 +195,26 @@ def indent(lines: Sequence[str], depth: int = 1) -> str:
     return "\n".join("    " * depth + part for line in lines for part in line.split("\n"))
 
 
+def grid_stride(ctx: CudaContext, name: str, count, counts: Sequence, body: Callable[[str], list[str]],
+                prelude: Sequence[str] = ()) -> None:
+    """Write ``name``: a grid-stride loop of :data:`BLOCK`-thread blocks over ``count``
+    running ``body(index_type)`` for each index ``i``; ``counts`` are the other element
+    counts the indices reach (``int`` indices when all fit).
+
+    Example:
+        >>> grid_stride(ctx, "eg_fill", 10, [], lambda t: ["y0[i] = 0.0f;"])   # doctest: +SKIP
+    """
+    def loop(itype: str) -> list[str]:
+        return [f"const {itype} n = {c_dim(ctx, count, itype)};",
+                f"const {itype} step = ({itype})gridDim.x * {BLOCK};",
+                f"for ({itype} i = ({itype})blockIdx.x * {BLOCK} + threadIdx.x; i < n; i += step) {{",
+                indent(body(itype)),
+                "}"]
+
+    lines = [*prelude, *index_variants(ctx, [count, *counts], loop)]
+    ctx.function(name, indent(lines), grid=ctx.blocks_for(count, BLOCK, MAX_BLOCKS), block=BLOCK)
+
+
 # ---- the broadcasting layout ----------------------------------------------------------------------
 def same_dim(a, b) -> bool:
     """Whether two dims are equal for every binding of their symbols."""

@@ -231,6 +231,28 @@ if (m < M) {{
 }}"""
 
 
+def tile_coordinates(tile: Tile, m: str, n: str, k: str) -> str:
+    """The statements that place a block of the flat grid: the extents ``M``, ``N``, ``K``,
+    the tile's corner ``m0``, ``n0``, its batch index ``z``, and the thread's ``t``, ``tx``, ``ty``
+    (shared by the float and the integer tile loops)."""
+    return f"""const long long M = {m}, N = {n}, K = {k};
+const long long tiles_n = eg_max(1LL, eg_ceildiv(N, {tile.bn})), tiles_m = eg_max(1LL, eg_ceildiv(M, {tile.bm}));
+const long long block = (long long)blockIdx.x;
+const long long m0 = (block / tiles_n) % tiles_m * {tile.bm}, n0 = block % tiles_n * {tile.bn};
+const long long z = block / (tiles_n * tiles_m);
+const int t = (int)threadIdx.x, tx = t % {tile.threads_n}, ty = t / {tile.threads_n};"""
+
+
+def zeroed_accumulators(tile: Tile, ctype: str, zero: str) -> str:
+    """The thread's ``acc[tm][tn]`` of ``ctype``, set to ``zero``."""
+    return f"""{ctype} acc[{tile.tm}][{tile.tn}];
+#pragma unroll
+for (int i = 0; i < {tile.tm}; ++i) {{
+#pragma unroll
+for (int j = 0; j < {tile.tn}; ++j) acc[i][j] = {zero};
+}}"""
+
+
 def gemm_body(tile: Tile, m: str, n: str, k: str, batch_prologue: str, a: Operand, b: Operand,
               out: Term, addends: Sequence[Term] = (), alpha: float = 1.0, activation: str = "v",
               column_setup: Callable[[int], str] | None = None) -> str:
@@ -256,22 +278,12 @@ def gemm_body(tile: Tile, m: str, n: str, k: str, batch_prologue: str, a: Operan
     per_a, per_b = tile.bk * tile.bm // tile.threads, tile.bk * tile.bn // tile.threads
     return f"""__shared__ float As[2][{tile.bk}][{tile.bm + 1}];
 __shared__ float Bs[2][{tile.bk}][{tile.bn + 1}];
-const long long M = {m}, N = {n}, K = {k};
-const long long tiles_n = eg_max(1LL, eg_ceildiv(N, {tile.bn})), tiles_m = eg_max(1LL, eg_ceildiv(M, {tile.bm}));
-const long long block = (long long)blockIdx.x;
-const long long m0 = (block / tiles_n) % tiles_m * {tile.bm}, n0 = block % tiles_n * {tile.bn};
-const long long z = block / (tiles_n * tiles_m);
-const int t = (int)threadIdx.x, tx = t % {tile.threads_n}, ty = t / {tile.threads_n};
+{tile_coordinates(tile, m, n, k)}
 {batch_prologue}
 {prep_a}
 {prep_b}
 float ra[{per_a}], rb[{per_b}];
-float acc[{tile.tm}][{tile.tn}];
-#pragma unroll
-for (int i = 0; i < {tile.tm}; ++i) {{
-#pragma unroll
-for (int j = 0; j < {tile.tn}; ++j) acc[i][j] = 0.0f;
-}}
+{zeroed_accumulators(tile, "float", "0.0f")}
 const int tiles_k = (int)eg_ceildiv(K, {tile.bk});
 {{
 const int k0 = 0;

@@ -50,7 +50,17 @@ from egraft.kernels.cuda.conv import ConvGeometry, conv_geometry
 from egraft.kernels.cuda.elementwise import Operand as BroadcastOperand
 from egraft.kernels.cuda.elementwise import emit_broadcast, vec4_type
 from egraft.kernels.cuda.emit import C_TYPES, CudaContext, Unsupported
-from egraft.kernels.cuda.gemm import Term, Tile, batch_bases, broadcast_strides, gemm_grid, pick_tile, strided
+from egraft.kernels.cuda.gemm import (
+    Term,
+    Tile,
+    batch_bases,
+    broadcast_strides,
+    gemm_grid,
+    pick_tile,
+    strided,
+    tile_coordinates,
+    zeroed_accumulators,
+)
 
 #: Saturation ranges of the quantized types.
 RANGES = {DType.UINT8: (0, 255), DType.INT8: (-128, 127), DType.UINT16: (0, 65535), DType.INT16: (-32768, 32767)}
@@ -463,22 +473,12 @@ def int_gemm_body(ctx: CudaContext, tile: Tile, m: str, n: str, k: str, prologue
     publish = f"if (t < {tile.bn + tile.bm}) sums[t] = own;\n__syncthreads();\n" if sums else ""
     return f"""__shared__ unsigned As[2][{tile.bk}][{tile.bm + 1}];
 __shared__ unsigned Bs[2][{tile.bk}][{tile.bn + 1}];
-{shared_sums}const long long M = {m}, N = {n}, K = {k};
-const long long tiles_n = eg_max(1LL, eg_ceildiv(N, {tile.bn})), tiles_m = eg_max(1LL, eg_ceildiv(M, {tile.bm}));
-const long long block = (long long)blockIdx.x;
-const long long m0 = (block / tiles_n) % tiles_m * {tile.bm}, n0 = block % tiles_n * {tile.bn};
-const long long z = block / (tiles_n * tiles_m);
-const int t = (int)threadIdx.x, tx = t % {tile.threads_n}, ty = t / {tile.threads_n};
+{shared_sums}{tile_coordinates(tile, m, n, k)}
 {prologue}
 {prep_a}
 {prep_b}
 unsigned ra[{per_a}], rb[{per_b}];
-int acc[{tile.tm}][{tile.tn}];
-#pragma unroll
-for (int i = 0; i < {tile.tm}; ++i) {{
-#pragma unroll
-for (int j = 0; j < {tile.tn}; ++j) acc[i][j] = 0;
-}}
+{zeroed_accumulators(tile, "int", "0")}
 {own}const int tiles_k = (int)eg_ceildiv(eg_ceildiv(K, 4LL), {tile.bk});
 {{
 const long long k0 = 0;

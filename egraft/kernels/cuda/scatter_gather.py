@@ -34,22 +34,20 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from egraft.ir.dtypes import DType
 from egraft.kernels.cuda import register_kernel
 from egraft.kernels.cuda.elementwise import (
-    BLOCK,
-    MAX_BLOCKS,
     Operand,
     c_dim,
     decompose,
     dims_product,
     emit_broadcast,
+    grid_stride,
     indent,
-    index_variants,
     static_int,
 )
 from egraft.kernels.cuda.emit import CudaContext, Unsupported
@@ -61,26 +59,6 @@ REDUCIBLE = (DType.FLOAT32, DType.FLOAT64, DType.INT64, DType.INT32)
 
 
 # ---- shared pieces --------------------------------------------------------------------------------
-def grid_stride(ctx: CudaContext, name: str, count, counts: Sequence, body: Callable[[str], list[str]],
-                prelude: Sequence[str] = ()) -> None:
-    """Write ``name``: a grid-stride loop of :data:`BLOCK`-thread blocks over ``count``
-    running ``body(index_type)`` for each index ``i``; ``counts`` are the other element
-    counts the indices reach (``int`` indices when all fit).
-
-    Example:
-        >>> grid_stride(ctx, "eg_fill", 10, [], lambda t: ["y0[i] = 0.0f;"])   # doctest: +SKIP
-    """
-    def loop(itype: str) -> list[str]:
-        return [f"const {itype} n = {c_dim(ctx, count, itype)};",
-                f"const {itype} step = ({itype})gridDim.x * {BLOCK};",
-                f"for ({itype} i = ({itype})blockIdx.x * {BLOCK} + threadIdx.x; i < n; i += step) {{",
-                indent(body(itype)),
-                "}"]
-
-    lines = [*prelude, *index_variants(ctx, [count, *counts], loop)]
-    ctx.function(name, indent(lines), grid=ctx.blocks_for(count, BLOCK, MAX_BLOCKS), block=BLOCK)
-
-
 def strides_of(shape: Sequence) -> list:
     """Row-major element strides of ``shape`` (ints or sympy expressions).
 
