@@ -167,6 +167,24 @@ def _compile_plan(path: Path, target: str, use_cache: bool):
     return compiled
 
 
+def _rewritten(graph: Graph, bindings: dict, rules, rules_off, rewrite: bool, cost, extractor: str, target: str,
+               seconds: dict[str, float], budget=None, time_limit: float = 30.0) -> Graph:
+    """``graph`` rewritten and extracted for ``target`` (its seconds in ``seconds``), or with
+    ``rewrite`` off only its dims bound."""
+    if rewrite:
+        from egraft.optimize import optimize
+
+        t = time.perf_counter()
+        graph = optimize(graph, list(rules), list(rules_off), bindings, budget=budget, cost=cost,
+                         extractor=extractor, time_limit=time_limit, target=target).graph
+        seconds["optimize"] = time.perf_counter() - t
+    elif bindings:
+        from egraft.ir.specialize import specialize
+
+        graph = specialize(graph, bindings)
+    return graph
+
+
 def _compile_cuda(model, shape, rules, rules_off, rewrite: bool, cost, extractor: str, use_cache: bool,
                   arch: str | None, device: str):
     """Load, optimize under the CUDA profile, lower to CUDA C and compile it with NVRTC."""
@@ -190,17 +208,7 @@ def _compile_cuda(model, shape, rules, rules_off, rewrite: bool, cost, extractor
     problem = unknown_dims_message(bindings, graph, str(model) if isinstance(model, str | Path) else "the model")
     if problem:
         raise InputError(problem)
-    if rewrite:
-        from egraft.optimize import optimize
-
-        t = time.perf_counter()
-        graph = optimize(graph, list(rules), list(rules_off), bindings, cost=cost, extractor=extractor,
-                         target="cuda").graph
-        seconds["optimize"] = time.perf_counter() - t
-    elif bindings:
-        from egraft.ir.specialize import specialize
-
-        graph = specialize(graph, bindings)
+    graph = _rewritten(graph, bindings, rules, rules_off, rewrite, cost, extractor, "cuda", seconds)
     lowered = lower_cuda(graph)
     seconds.update(lowered.seconds)
     lowered.seconds = seconds
@@ -247,17 +255,8 @@ def _compile(model, target: str, shape, rules, rules_off, rewrite: bool, cost, e
     assume = tuple(assume) + tuple(a for a in input_assumptions(graph) if a not in assume)
     assumptions = parse_assumptions(assume, graph.symbols())
     check_assumptions(assumptions, bindings, what="bound by shape")
-    if rewrite:
-        from egraft.optimize import optimize
-
-        t = time.perf_counter()
-        graph = optimize(graph, list(rules), list(rules_off), bindings, budget=budget, cost=cost,
-                         extractor=extractor, time_limit=time_limit).graph
-        seconds["optimize"] = time.perf_counter() - t
-    elif bindings:
-        from egraft.ir.specialize import specialize
-
-        graph = specialize(graph, bindings)
+    graph = _rewritten(graph, bindings, rules, rules_off, rewrite, cost, extractor, "cpu", seconds, budget,
+                       time_limit)
     if assumptions:
         graph = assume_graph(graph, assumptions)
     lowered = lower(graph)

@@ -103,13 +103,9 @@ class CudaRenderer:
         except Unsupported as e:
             return str(e)
         name = f"k{index}_{node.op}"
-        values = []
-        for kind, i in kernel.operands:
-            values.append((node.inputs if kind == "in" else node.outputs)[i].name)
-        for kind, i in kernel.operands:
-            v = (node.inputs if kind == "in" else node.outputs)[i]
-            if kind == "in" and v.const is not None:
-                runtime_constants.add(v.name)
+        operands = [(node.inputs if kind == "in" else node.outputs)[i] for kind, i in kernel.operands]
+        values = [v.name for v in operands]
+        runtime_constants.update(v.name for v in operands if v.const is not None)
         self.kernels.calls.append(CudaCall(index, name, self.kernels.add(kernel), tuple(values), kernel.symbols))
         if checks is not None:
             self.kernels.host_checks[index] = checks
@@ -189,13 +185,13 @@ def compile_cuda(lowered: Lowered, arch: str = DEFAULT_ARCH, use_cache: bool = T
     for ``arch`` with NVRTC."""
     check_arch(arch)
     start = time.perf_counter()
-    digests = sorted(d for d, k in lowered.kernels.kernels.items() if k.library is None)
-    compiled = compile_sources([lowered.kernels.kernels[d].source for d in digests], arch, use_cache)
-    compiled += [CompiledModule(b"", arch) for d in lowered.kernels.kernels if lowered.kernels.kernels[d].library]
-    digests += [d for d, k in lowered.kernels.kernels.items() if k.library is not None]
+    kernels = lowered.kernels.kernels
+    coded = sorted(d for d, k in kernels.items() if k.library is None)
+    modules = dict(zip(coded, compile_sources([kernels[d].source for d in coded], arch, use_cache)))
+    modules |= {d: CompiledModule(b"", arch) for d, k in kernels.items() if k.library is not None}  # no code of ours
     seconds = dict(lowered.seconds)
     seconds["nvrtc"] = time.perf_counter() - start
-    return CudaProgram(lowered, arch, dict(zip(digests, compiled)), seconds)
+    return CudaProgram(lowered, arch, modules, seconds)
 
 
 __all__ = ["CudaRenderer", "CudaKernelSet", "CudaCall", "CudaProgram", "lower_cuda", "compile_cuda", "DEFAULT_ARCH"]

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -225,10 +226,16 @@ SERIAL, OS_THREADS, FIBERS = 0, 1, 2
 
 def synchronizes(kernel: CudaKernel) -> bool:
     """Whether ``kernel``'s own code (its helpers and functions, not the prelude's unused
-    helpers) synchronizes threads: then each CUDA thread of a block needs an OS thread."""
+    helpers) synchronizes threads: then a block's threads run as fibers (or OS threads)."""
+    return _synchronizes(kernel.source)
+
+
+@lru_cache(maxsize=4096)
+def _synchronizes(source: str) -> bool:
+    """:func:`synchronizes` by source text, once per kernel (a model's run launches each many times)."""
     from egraft.kernels.cuda.emit import PRELUDE
 
-    own = kernel.source.replace(PRELUDE.strip(), "")
+    own = source.replace(PRELUDE.strip(), "")
     return any(word in own for word in ("__syncthreads", "__shfl", "__syncwarp", "eg_warp_sum", "eg_warp_max"))
 
 
