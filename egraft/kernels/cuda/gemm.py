@@ -412,7 +412,7 @@ def gemm_kernel(ctx: CudaContext) -> None:
     n = b_shape[0] if trans_b else b_shape[1]
     plain = ctx.node.domain in ("", "ai.onnx") and float(ctx.attr("alpha", 1.0)) == 1.0 and (
         not ctx.has_input(2) or float(ctx.attr("beta", 1.0)) == 0.0)
-    if plain and _to_library(ctx, m, n, k, (a_shape, b_shape), (trans_a, trans_b)):
+    if plain and _to_library(ctx, (a_shape, b_shape), (trans_a, trans_b)):
         return
     cm, cn, ck = ctx.dim(m), ctx.dim(n), ctx.dim(k)
     a = dense_operand(ctx.x(0), "0LL", "M", "K", "1LL" if trans_a else "K", "M" if trans_a else "1LL",
@@ -435,20 +435,21 @@ def gemm_kernel(ctx: CudaContext) -> None:
     ctx.function("eg_gemm", body, grid=gemm_grid(ctx, tile, m, n), block=tile.threads)
 
 
-def _to_library(ctx: CudaContext, rows, n, k, shapes: tuple, transpose: tuple) -> bool:
+def _to_library(ctx: CudaContext, shapes: tuple, transpose: tuple) -> bool:
     """Hand a product with nothing to fuse to cuBLAS (:mod:`egraft.kernels.cuda.library`)
-    when it is large enough at the dims' cost-model values; True when it did."""
-    from egraft.ir.work import default_dim
+    when it is large enough at the dims' cost-model values (its flops as the op registry's
+    work formula counts them, the ones extraction priced); True when it did."""
+    import math
+
+    from egraft.ir.work import op_work, resolve_shape
     from egraft.kernels.cuda.emit import LibraryCall
     from egraft.kernels.cuda.library import wants_library
 
-    def value(d) -> float:
-        if isinstance(d, int):
-            return d
-        e = sympy.sympify(d)
-        return float(e.subs({s: default_dim(s.name) for s in e.free_symbols}))
-
-    if not wants_library(2 * value(rows) * value(n) * value(k), value(rows)):
+    node = ctx.node
+    out = node.outputs[0].type
+    work = op_work(node.op, node.domain, node.attrs, [None if v is None else v.type for v in node.inputs], [out],
+                   {}, ctx.opset)
+    if not wants_library(work.flops, math.prod(resolve_shape(out, {})[:-1])):
         return False
     ctx.y(0), ctx.x(0), ctx.x(1)  # the operands, in parameter order: out, A, B
     ctx.library = LibraryCall("matmul", (ctx.out_shape(0), *shapes), (False, *transpose))
@@ -557,7 +558,7 @@ def matmul_kernel(ctx: CudaContext) -> None:
     batch = tuple(out_shape[:len(out_shape) - (len(a_shape) > 1) - (len(b_shape) > 1)])
     full = (*batch, m, n)
     if ctx.node.op == "MatMul" and len(a_shape) >= 2 and len(b_shape) >= 2 and _to_library(
-            ctx, dim_product((*batch, m)), n, k, (a_shape, b_shape), (False, False)):
+            ctx, (a_shape, b_shape), (False, False)):
         return
     addends = []
     for i in (2, 3):
