@@ -41,6 +41,18 @@ class PVar:
 
     name: str
     loc: Loc
+    #: ``b?``: an optional operand. The loader expands a rule with optional operands into one
+    #: variant per subset of them present (:func:`egraft.rewrite.load.expand_optional`); no
+    #: variant the matcher sees has an optional variable left.
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class PAbsent:
+    """An operand position that must hold no input (an omitted optional input): what an absent
+    ``b?`` becomes in a variant where a later operand is present."""
+
+    loc: Loc
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,7 @@ class POp:
     domain: str = ""
 
 
-Pattern = PVar | POp
+Pattern = PVar | POp | PAbsent
 
 
 # ---- expressions (guards and right-hand sides) -----------------------------------------
@@ -97,10 +109,13 @@ class ELit:
 
 @dataclass(frozen=True)
 class EVar:
-    """A variable bound by the pattern or by an earlier ``let`` in the replacement."""
+    """A variable bound by the pattern or by an earlier ``let`` in the replacement. ``b?``
+    (``optional``) names an optional operand: an input of a new node that is left out
+    (absent) in the variants where the pattern's ``b?`` was absent."""
 
     name: str
     loc: Loc
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,51 @@ class ECall:
 Expr = ELit | EVar | EList | EBinary | EUnary | EIndex | ECall
 
 
+# ---- examples ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExampleTensor:
+    """``x = f32[1, 8, 7, 7]`` in an example: a tensor of that dtype and shape, drawn at random
+    (an input, or a constant where the rule's guard asks ``const(x)``)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ExampleAttrs:
+    """``attrs = {pads = [1, 1, 1, 1], strides = [2, 2]}`` in an example: the attributes an
+    ``{attrs}`` capture holds (the node's other attributes keep their defaults)."""
+
+    attrs: tuple[tuple[str, Any], ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Example:
+    """An ``example:`` line under a rule: concrete values for its pattern's variables.
+
+    ``values`` maps a variable to an :class:`ExampleTensor`, an :class:`ExampleAttrs` (an
+    ``{attrs}`` capture) or a literal: for a tensor variable, a constant of that value (a float
+    is an f32 scalar, an int an i64 scalar, nested lists a tensor of their shape); for an
+    attribute capture (``{epsilon = eps}``), the attribute's value. ``opset`` picks the opset
+    the instance is built at. An optional operand (``b?``) left out is absent. Example::
+
+        example: x = f32[1, 8, 9, 9], w = f32[16, 8, 3, 3], b = f32[16], attrs = {strides = [2, 2]}
+    """
+
+    values: tuple[tuple[str, Any], ...]
+    loc: Loc
+    opset: int | None = None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value given for ``name``, or ``default``."""
+        for k, v in self.values:
+            if k == name:
+                return v
+        return default
+
+
 # ---- rules and files -------------------------------------------------------------------
 @dataclass(frozen=True)
 class Let:
@@ -185,6 +245,9 @@ class Rule:
         results: one expression per root: what each matched root becomes.
         doc: the comment lines right above the rule (its algebra, e.g. ``x * 1 -> x``).
         loc: where ``rule`` is written.
+        examples: the ``example:`` lines under the rule (:class:`Example`).
+        variant_of: for a variant that :func:`egraft.rewrite.load.expand_optional` made of a
+            rule with optional operands, the rule's name as written (``""`` otherwise).
     """
 
     name: str
@@ -195,6 +258,8 @@ class Rule:
     results: tuple[Expr, ...]
     loc: Loc
     doc: str = ""
+    examples: tuple[Example, ...] = ()
+    variant_of: str = ""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from egraft.ir.registry import get_op
-from egraft.rewrite.ast import EBinary, ECall, EVar, POp, PVar, Rule
+from egraft.rewrite.ast import EBinary, ECall, EVar, PAbsent, POp, PVar, Rule
 from egraft.rewrite.egraph import ABSENT, OUT, ENode, Snapshot
 
 Subst = dict[str, Any]
@@ -199,9 +199,11 @@ class Matcher:
             return
         first, c = patterns[0], classes[0]
         if c is None or self.snap.is_absent(c):
-            if isinstance(first, PVar) and first.name == "_":
+            if type(first) is PAbsent or (isinstance(first, PVar) and first.name == "_"):
                 yield from self._match_args(patterns[1:], classes[1:], subst)
             return
+        if type(first) is PAbsent:
+            return  # an input is there where the pattern wants none
         for s in self.match_class(first, c, subst, interior=True):
             yield from self._match_args(patterns[1:], classes[1:], s)
 
@@ -360,7 +362,7 @@ def required_constants(rule: Rule) -> frozenset[str]:
 
 def pattern_depth(pattern) -> int:
     """Levels of e-nodes a pattern reads: ``Relu(Conv(x, w))`` is 2, ``x`` is 0."""
-    return 0 if isinstance(pattern, PVar) else 1 + max((pattern_depth(a) for a in pattern.args), default=0)
+    return 0 if isinstance(pattern, PVar | PAbsent) else 1 + max((pattern_depth(a) for a in pattern.args), default=0)
 
 
 class _Search:
@@ -397,6 +399,8 @@ def _pattern_text(p, names: dict[str, str], swapped: POp | None) -> str:
     not a self-calling closure: that would make a reference cycle per call)."""
     if isinstance(p, PVar):
         return _renamed(names, p.name)
+    if isinstance(p, PAbsent):
+        return "<absent>"
     args = list(p.args)
     if p is swapped:
         args.reverse()
@@ -426,7 +430,7 @@ def fixed_order_nodes(rules: Sequence[Rule]) -> frozenset[int]:
         stack = list(rule.roots)
         while stack:
             p = stack.pop()
-            if isinstance(p, PVar):
+            if not isinstance(p, POp):
                 continue
             stack.extend(p.args)
             if _is_commutative_pair(p) and _pattern_key(rule.roots, swapped=p) in keys:
