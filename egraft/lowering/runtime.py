@@ -213,6 +213,18 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.array(array, order="C")
 
 
+def _aligned_constant(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order at a 64-byte aligned address (copied there when it is not): kernels
+    read packed weights with aligned vector loads (``vmovaps``), which fault on an address that
+    numpy's allocator happened to leave only 16-byte aligned."""
+    array = _contiguous(array)
+    if array.ctypes.data % ALIGNMENT == 0 or array.nbytes == 0:
+        return array
+    out = _aligned_empty(array.nbytes).view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 class _Frame:
     """What one thread's calls of one model reuse: the table of addresses, the dims, the
     roots' addresses (:mod:`egraft.lowering.schedule`) and the thread's kernel scratch,
@@ -274,9 +286,9 @@ class CompiledModel:
             for v in step.node.inputs:
                 if v is not None and v.const is not None and v.name not in self._constants \
                         and (live is None or v.name in live):
-                    self._constants[v.name] = _contiguous(np.asarray(lowered.graph.constants[v.const]))
+                    self._constants[v.name] = _aligned_constant(np.asarray(lowered.graph.constants[v.const]))
         for name, array in lowered.derived.items():  # packed weights
-            self._constants[name] = _contiguous(np.asarray(array))
+            self._constants[name] = _aligned_constant(np.asarray(array))
         self._threads = default_threads()
         self._functions = {}
         self._addresses: dict[int, int] = {}
