@@ -1,8 +1,9 @@
-"""The rule-file commands of the ``egraft`` CLI: ``rules list`` and ``rules check``.
+"""The rule-file commands of the ``egraft`` CLI: ``rules list``, ``rules check`` and ``rules test``.
 
 Examples:
     egraft rules list
-    egraft rules check mine.rules
+    egraft rules check mine.rules --counterexamples out/
+    egraft rules test mine.rules
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from egraft.cli.common import console, fail
 from egraft.errors import EgraftError
 
-rules_app = typer.Typer(help="Rule files: list them, check them.", no_args_is_help=True)
+rules_app = typer.Typer(help="Rule files: list them, check them, test their examples.", no_args_is_help=True)
 
 
 @rules_app.command("list")
@@ -49,43 +51,114 @@ def rules_check(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Also exit 1 when a rule is unchecked (no instance of its pattern could be built).")] = False,
+    counterexamples: Annotated[Path | None, typer.Option(
+        "--counterexamples", help="Write each unsound rule's counterexample to DIR/<rule>.onnx (outputs "
+                                  "before and after) with its inputs in DIR/<rule>.inputs.npz.",
+        metavar="DIR")] = None,
 ) -> None:
     """Check that each rule's replacement computes what it replaces, on small random
-    instances of its pattern run by the reference executor. Exits 1 when a rule is unsound
-    (with --strict, also when one is unchecked).
+    instances of its pattern (and its examples) run by the reference executor in float64.
+    Exits 1 when a rule is unsound or an example fails (with --strict, also when a rule is
+    unchecked).
 
-    Example: egraft rules check my.rules
+    Example: egraft rules check my.rules --counterexamples out/
     """
-    from rich.text import Text
-
     from egraft.rewrite.soundness import check_rules
 
+    if counterexamples is not None and counterexamples.exists() and not counterexamples.is_dir():
+        raise fail(f"--counterexamples {counterexamples}: not a folder; give a folder to write the models to")
     try:
-        results = check_rules(files or [], opset=opset, trials=trials, seed=seed)
+        results = check_rules(files or [], opset=opset, trials=trials, seed=seed, counterexamples=counterexamples)
     except EgraftError as e:
         raise fail(str(e)) from None
     counts = {s: sum(c.status == s for c in results) for s in ("sound", "unsound", "unchecked")}
+    failing = sum(len(c.failing_examples) for c in results)
     if as_json:
-        rows = [{"rule": c.rule, "where": c.loc, "status": c.status, "reason": c.reason,
-                 "instance": None if c.trial is None else {
-                     "inputs": c.trial.inputs, "constants": c.trial.constants, "opset": c.trial.opset,
-                     "max_abs_error": c.trial.max_abs_error, "max_rel_error": c.trial.max_rel_error}}
+        rows = [{"rule": c.rule, "where": c.loc, "status": c.status, "reason": c.reason, "instances": c.checked,
+                 "instance": _trial_json(c.trial),
+                 "examples": [{"where": e.loc, "status": e.status, "reason": e.reason, "instance": _trial_json(e.trial)}
+                              for e in c.examples]}
                 for c in results]
-        print(json.dumps({"rules": rows, "counts": counts}, indent=2))
+        print(json.dumps({"rules": rows, "counts": counts, "failing_examples": failing}, indent=2))
     else:
         table = Table(title="rule soundness")
         for col in ("rule", "status", "evidence", "where"):
             table.add_column(col)
         styles = {"sound": "green", "unsound": "bold red", "unchecked": "yellow"}
         for c in results:
-            evidence = c.trial.describe() if c.trial is not None else ""
-            if c.reason:
-                evidence = f"{c.reason}; {evidence}" if evidence else c.reason
-            table.add_row(c.rule, Text(c.status, style=styles[c.status]), Text(evidence), c.loc)
+            table.add_row(c.rule, Text(c.status, style=styles[c.status]), Text(_evidence(c)), c.loc)
         console.print(table)
-        console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
-    if counts["unsound"] or (strict and counts["unchecked"]):
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+        if failing:
+            summary += f"; {failing} failing example{'s' if failing != 1 else ''}"
+        console.print(summary)
+        if not counts["unsound"] and not counts["unchecked"] and not failing:
+            console.print("all sound, 0 unchecked")
+    if counts["unsound"] or failing or (strict and counts["unchecked"]):
         raise typer.Exit(code=1)
 
 
-__all__ = ["rules_app", "rules_list", "rules_check"]
+def _trial_json(trial) -> dict | None:
+    if trial is None:
+        return None
+    return {"inputs": trial.inputs, "constants": trial.constants, "opset": trial.opset, "instance": trial.instance,
+            "precision": trial.precision, "mode": trial.mode, "draws": trial.draws,
+            "max_abs_error": trial.max_abs_error, "max_rel_error": trial.max_rel_error, "allowed": trial.allowed,
+            "file": trial.file or None}
+
+
+def _evidence(check) -> str:
+    """The table's evidence cell: the reason, the instance (for a sound rule, how many
+    agreed), the failing examples."""
+    parts = []
+    if check.reason:
+        parts.append(check.reason)
+    if check.trial is not None:
+        parts.append(check.trial.describe())
+    if check.status == "sound" and check.checked:
+        parts.append(f"{check.checked} instance{'s' if check.checked != 1 else ''} agreed")
+    for example in check.failing_examples:
+        parts.append(f"example at {example.loc}: {example.status}: {example.reason}")
+    return "; ".join(parts)
+
+
+@rules_app.command("test")
+def rules_test(
+    files: Annotated[list[Path], typer.Argument(help="Rule files whose examples to run.")],
+    opset: Annotated[int, typer.Option(help="The ONNX opset of examples that do not give one.")] = 18,
+    seed: Annotated[int, typer.Option(help="Seed of the random constants and inputs.")] = 0,
+) -> None:
+    """Run each rule's ``example:`` lines (only those, not the random search): the pattern
+    must match the example, the guard accept it, and the replacement compute what it
+    replaces. Exits 1 when an example is unsound or does not match or build.
+
+    Example: egraft rules test my.rules
+    """
+    from egraft.rewrite.load import load_rules
+    from egraft.rewrite.soundness import check_examples
+
+    try:
+        loaded = load_rules(list(files), include_shipped=False)
+    except EgraftError as e:
+        raise fail(str(e)) from None
+    table = Table(title="rule examples")
+    for col in ("rule", "example", "verdict", "error"):
+        table.add_column(col)
+    styles = {"sound": "green", "unsound": "bold red", "failed": "bold red"}
+    counts = {"sound": 0, "unsound": 0, "failed": 0}
+    for f in loaded:
+        for rule in f.rules:
+            for check in check_examples(rule, opset=opset, seed=seed):
+                counts[check.status] += 1
+                error = check.reason
+                if check.status == "unsound" and check.trial is not None:
+                    error = f"{error}; {check.trial.describe()}"
+                table.add_row(rule.name, check.loc, Text(check.status, style=styles[check.status]), Text(error))
+    console.print(table)
+    total = sum(counts.values())
+    console.print(f"{total} example{'s' if total != 1 else ''}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if counts["unsound"] or counts["failed"]:
+        raise typer.Exit(code=1)
+
+
+__all__ = ["rules_app", "rules_list", "rules_check", "rules_test"]
