@@ -55,7 +55,7 @@ from egraft.ir.types import TensorType
 from egraft.rewrite.ast import ECall, Example, ExampleAttrs, ExampleTensor, POp, PVar, Rule
 from egraft.rewrite.builtins import DTYPE_NAMES
 from egraft.rewrite.soundness_engine import Applied, apply_rule
-from egraft.rewrite.soundness_hints import Hints, rule_hints, subexprs
+from egraft.rewrite.soundness_hints import Hints, pattern_nodes, rule_hints, subexprs
 from egraft.rewrite.soundness_numeric import (
     VALUE_MODES,
     Comparison,
@@ -66,7 +66,7 @@ from egraft.rewrite.soundness_numeric import (
     nudge_constants,
     realize,
 )
-from egraft.rewrite.soundness_search import FAMILIES, Draft, Family, Fixed, Instances
+from egraft.rewrite.soundness_search import FAMILIES, Draft, Family, Fixed, Instances, search_attr_names
 
 __all__ = ["RuleCheck", "ExampleCheck", "Trial", "check_rule", "check_rules", "check_examples", "SOUND_TARGET"]
 
@@ -242,15 +242,13 @@ class _Checker:
         #: constants the guard compares with a decimal that float32 cannot hold exactly
         self.decimals = {rest_of.get(k, k) for k, v in hints.values.items() if float(np.float32(v)) != v}
 
-    def modes(self, primary: str) -> list[str]:
-        """``primary``, then the modes to try when it computes inf or nan (or the guard reads values)."""
-        out = [primary] + [m for m in ("positive", "wide+") if m != primary]
-        return out + ["random"] if self.retry_guard else out
-
     def check(self, draft: Draft, primary: str, feed_list: list[dict] | None = None) -> Iterator[_Outcome]:
-        """The outcomes of ``draft`` under its value modes while another mode could change
-        the outcome (inf or nan, or a guard that reads values); none when it cannot run."""
-        for mode in self.modes(primary):
+        """The outcomes of ``draft`` in value mode ``primary``, then while another mode could
+        change the outcome: ``positive`` and ``wide+`` after inf or nan, ``random`` (constants
+        not the guard's values) after a guard that reads values refused; none when it cannot run."""
+        modes, tried = [primary], set()
+        while modes:
+            mode = modes.pop(0)
             graph = realize(draft, mode, self.hints, self.rng, self.opset, self.rest_of)
             drawn = feed_list or [feeds(graph, mode, self.rng) for _ in range(self.draws)]
             try:
@@ -259,14 +257,18 @@ class _Checker:
                 return  # every mode fails alike: the shapes are wrong
             if not finite(reference.values()):
                 yield _Outcome("nonfinite", "the pattern computes inf or nan on every instance", attempt=False)
-                continue
-            outcome = self.verdict_on(graph, drawn)
-            outcome.graph, outcome.feeds, outcome.mode = graph, drawn, mode
-            if outcome.trial is not None:
-                outcome.trial = replace(outcome.trial, instance=draft.describe(), mode=mode)
-            yield outcome
-            if outcome.status != "nonfinite" and not (outcome.status == "guard" and self.retry_guard):
-                return
+                outcome = None
+            else:
+                outcome = self.verdict_on(graph, drawn)
+                outcome.graph, outcome.feeds, outcome.mode = graph, drawn, mode
+                if outcome.trial is not None:
+                    outcome.trial = replace(outcome.trial, instance=draft.describe(), mode=mode)
+                yield outcome
+            tried.add(mode)
+            if outcome is None or outcome.status == "nonfinite":
+                modes = [m for m in ("positive", "wide+") if m not in tried][:1]
+            elif outcome.status == "guard" and self.retry_guard and "random" not in tried:
+                modes = ["random"]
 
     def verdict_on(self, graph: Graph, drawn: list[dict]) -> _Outcome:
         """The verdict on the float32 instance ``graph`` and draws ``drawn``: in float64 while
@@ -391,6 +393,9 @@ def _has_optional(rule: Rule) -> bool:
 def _check_at(rule: Rule, opset: int, trials: int, seed: int, draws: int,
               counterexamples: str | Path | None) -> RuleCheck:
     """:func:`check_rule` at one opset."""
+    missing = _unknown_attributes(rule, opset)
+    if missing:
+        return RuleCheck(rule.name, str(rule.loc), "unchecked", f"no instance at opset {opset}: {missing}", None, 0)
     rng = np.random.default_rng(seed)
     hints = rule_hints(rule)
     search = Instances(rule, opset, hints, rng)
@@ -450,6 +455,19 @@ def _check_at(rule: Rule, opset: int, trials: int, seed: int, draws: int,
             if sound >= SOUND_TARGET or attempts >= trials:
                 break
     return RuleCheck(rule.name, str(rule.loc), "sound", "", last, attempts, sound)
+
+
+def _unknown_attributes(rule: Rule, opset: int) -> str:
+    """A pattern's attribute that its standard op does not have at ``opset`` (``Split``'s
+    ``split`` from opset 13), as ``"Split has no attribute 'split'"``; "" when none."""
+    for p in pattern_nodes(rule):
+        if p.op is None or p.domain:
+            continue
+        known = search_attr_names(p.op, p.domain, opset)
+        for a in p.attrs:
+            if known is not None and a.name not in known:
+                return f"{p.op} has no attribute {a.name!r}"
+    return ""
 
 
 def _unsound(rule: Rule, outcome: _Outcome, draft: Draft, search: Instances, checker: _Checker, attempts: int,

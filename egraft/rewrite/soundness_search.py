@@ -45,7 +45,7 @@ from egraft.rewrite.ast import PAbsent, POp, PVar, Rule
 from egraft.rewrite.soundness_attrs import BLOCKED_OPS, CONV_OPS, attr_values, required_values
 from egraft.rewrite.soundness_hints import Hints
 
-__all__ = ["Family", "FAMILIES", "Draft", "Var", "Instances", "Fixed", "random_array"]
+__all__ = ["Family", "FAMILIES", "Draft", "Var", "Instances", "Fixed", "random_array", "search_attr_names"]
 
 
 # ---- families ------------------------------------------------------------------------------
@@ -93,6 +93,9 @@ SEARCH_VALUES = 4
 SLOT_VALUES = 12
 #: Operands that must be scalars (a Clip's bounds).
 SCALAR_OPERANDS = {("", "Clip"): (1, 2)}
+#: Operands that must be vectors of the first input's channels (a BatchNormalization's scale, bias,
+#: mean and variance): any other shape fails, and trying them all for each would not end.
+CHANNEL_OPERANDS = {("", "BatchNormalization"): (1, 2, 3, 4), ("", "InstanceNormalization"): (1, 2)}
 
 _INT_TYPES = frozenset(f"tensor({t})" for t in ("int8", "int16", "int32", "int64", "uint8", "uint16",
                                                  "uint32", "uint64"))
@@ -150,6 +153,12 @@ def _attr_kinds(op: str, domain: str, opset: int) -> tuple[tuple[str, str, bool]
     if schema is None:
         return ()
     return tuple((k, a.type.name.lower(), bool(a.required)) for k, a in sorted(schema.attributes.items()))
+
+
+def search_attr_names(op: str, domain: str, opset: int) -> frozenset[str] | None:
+    """The attribute names of a standard op at ``opset`` (None when onnx has no schema)."""
+    schema = _schema(op, domain, opset)
+    return None if schema is None else frozenset(schema.attributes)
 
 
 def _pick_dtype(types: frozenset[str] | None) -> DType:
@@ -482,6 +491,9 @@ class Instances:
             return [template]
         if site is not None and site.index in SCALAR_OPERANDS.get((site.domain, site.op), ()):
             return [()]
+        first = _static(site.inputs[0]) if site is not None and site.inputs else None
+        if first and len(first) >= 2 and site.index in CHANNEL_OPERANDS.get((site.domain, site.op), ()):
+            return [(first[1],)]
         fam = self.family
         placed = [_static(v) for v in site.inputs] if site is not None else []
         placed = [s for s in placed if s is not None]
