@@ -89,8 +89,8 @@ def test_diff_without_fusion_shows_the_fused_ops_and_the_cost(resnet_plans):
     assert ops.get("FusedConv", (0, 0))[1] == 0  # no NCHW convolution with an activation without fusion
     assert d["cost"]["difference"] > 0  # fusion makes the plan cheaper
     assert d["cost"]["difference"] == pytest.approx(d["cost"]["b"] - d["cost"]["a"], rel=1e-6)
-    fusion_rules = {"conv_relu", "blocked_conv_relu"}
-    assert {"blocked_conv_add_relu", "add_blocked_conv_relu"} & set(d["rules_only_a"])  # the residuals
+    fusion_rules = {"conv_activation/Relu", "blocked_conv_relu"}
+    assert {"blocked_conv_add_relu/Add", "blocked_conv_add_relu/Sum"} & set(d["rules_only_a"])  # the residuals
     assert "blocked_conv_relu" in d["rules_only_a"] and not fusion_rules & set(d["rules_only_b"])
     assert any(n["op"] in ("com.egraft::FusedConv", "com.egraft::ConvNCHWc") for n in d["only_a"])
     top = d["top_differences"]
@@ -100,7 +100,7 @@ def test_diff_without_fusion_shows_the_fused_ops_and_the_cost(resnet_plans):
 
     assert len(top) == 5 and all(r["difference"] > 0 and relus(r["a"]) < relus(r["b"]) for r in top)
     text = _invoke("diff", str(full), str(nofusion)).stdout
-    assert "ConvNCHWc" in text and "difference (b - a)" in text and "conv_relu" in text
+    assert "ConvNCHWc" in text and "difference (b - a)" in text and "blocked_conv_relu" in text
 
 
 def test_explain_traces_a_fused_conv_to_its_conv_batchnorm_and_relu(resnet_plans):
@@ -116,7 +116,7 @@ def test_explain_traces_a_fused_conv_to_its_conv_batchnorm_and_relu(resnet_plans
     source = onnx.load(light_model_path("resnet50")).graph.node
     assert source[bn["index"]].input[0] == source[conv["index"]].output[0]
     assert source[relu["index"]].input[0] == source[bn["index"]].output[0]
-    relu_rule = "conv_relu" if fused[0]["op"] == "com.egraft::FusedConv" else "blocked_conv_relu"
+    relu_rule = "conv_activation/Relu" if fused[0]["op"] == "com.egraft::FusedConv" else "blocked_conv_relu"
     assert info["rules"][0].startswith("fold_bn_into_conv") and info["rules"][-1] == relu_rule
     # The rejected alternatives are dearer than the choice, counted with what they need.
     assert info["alternatives"]

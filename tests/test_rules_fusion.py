@@ -162,8 +162,10 @@ def test_commutative_nodes_match_their_other_order_only_where_no_rule_spells_it(
     rules = {r.name: r for f in load_rules() for r in f.rules}
     fixed = fixed_order_nodes(list(rules.values()))
     root = lambda name: rules[name].roots[0]  # noqa: E731
-    assert id(root("ew_add_body_left")) in fixed and id(root("ew_add_body_right")) in fixed  # each other's mirror
-    assert id(root("ew_mul_bodies")) in fixed  # its own mirror
+    assert id(root("ew_binary_body_left/Add")) in fixed and id(root("ew_binary_body_right/Add")) in fixed  # mirrors
+    assert id(root("ew_binary_bodies/Mul")) in fixed  # its own mirror
+    assert id(root("ew_binary_body_left/Sub")) not in fixed  # Sub is not commutative
+    assert id(root("conv_add_relu/Add").args[0]) not in fixed  # Relu(Add(z, Conv(...))) is spelled by no rule
     assert id(root("matmul_bias")) not in fixed  # Add(bias, MatMul(a, w)) is spelled by no rule
 
 

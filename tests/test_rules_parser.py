@@ -214,7 +214,7 @@ def test_let_shadowing_a_pattern_variable():
 
 def test_syntax_error_in_the_middle_of_a_rule():
     assert error_of("rule r:\n    Mul(x c) => x\n") == (
-        "t.rules:2:11: unexpected name 'c'; expected one of '(', ')', ',' or '...'")
+        "t.rules:2:11: unexpected name 'c'; expected one of '(', ')', ',', '...' or '?'")
     assert error_of("rule r:\n    Mul(x, c) where => x\n") == "t.rules:2:21: unexpected '=>'; expected an expression"
 
 

@@ -221,6 +221,28 @@ class Example:
         return default
 
 
+# ---- templates ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpRef:
+    """An op named in a template's row (``Relu``, ``com.egraft::Gelu``)."""
+
+    op: str
+    domain: str = ""
+
+
+@dataclass(frozen=True)
+class Template:
+    """``for (op, f) in [(Relu, "relu"), (Sigmoid, "sigmoid")]`` after a rule's name: the rule
+    stands for one rule per row, each name replaced by the row's item: an :class:`OpRef` where
+    the name is an op (a pattern's or a replacement's), a literal where it is a value (an
+    attribute, an expression). :func:`egraft.rewrite.load.expand_templates` makes the rows'
+    rules, named ``rule/item`` after each row's first item."""
+
+    names: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    loc: Loc
+
+
 # ---- rules and files -------------------------------------------------------------------
 @dataclass(frozen=True)
 class Let:
@@ -246,6 +268,7 @@ class Rule:
         doc: the comment lines right above the rule (its algebra, e.g. ``x * 1 -> x``).
         loc: where ``rule`` is written.
         examples: the ``example:`` lines under the rule (:class:`Example`).
+        template: the ``for ... in [...]`` the rule is written with, or None.
         variant_of: for a variant that :func:`egraft.rewrite.load.expand_optional` made of a
             rule with optional operands, the rule's name as written (``""`` otherwise).
     """
@@ -260,6 +283,7 @@ class Rule:
     doc: str = ""
     examples: tuple[Example, ...] = ()
     variant_of: str = ""
+    template: Template | None = None
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ Every problem is a :class:`RuleError` whose text is
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -32,9 +33,16 @@ from egraft.rewrite.ast import (
     ELit,
     EUnary,
     EVar,
+    Example,
+    ExampleAttrs,
+    ExampleTensor,
     Expr,
+    Let,
     Loc,
+    OpRef,
+    PAbsent,
     Pattern,
+    POp,
     PVar,
     Rule,
     RuleFile,
@@ -43,8 +51,8 @@ from egraft.rewrite.builtins import BUILTINS
 from egraft.rewrite.builtins import DTYPE_NAMES as BUILTIN_DTYPES
 from egraft.rewrite.parser import LITERAL_NAMES, RuleError, parse_rules
 
-__all__ = ["RuleError", "check_rule_file", "load_rules", "shipped_rule_files", "GUARD_FUNCTIONS",
-           "REPLACEMENT_FUNCTIONS", "DTYPE_NAMES"]
+__all__ = ["RuleError", "check_rule_file", "expand_optional", "expand_templates", "load_rules", "shipped_rule_files",
+           "GUARD_FUNCTIONS", "REPLACEMENT_FUNCTIONS", "DTYPE_NAMES"]
 
 #: Functions a ``where`` clause can call (the evaluator's table).
 GUARD_FUNCTIONS = frozenset(BUILTINS)
@@ -71,7 +79,9 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
         opset: the ONNX opset that attribute names are checked against.
 
     Returns:
-        The files in load order (a file named twice is loaded once).
+        The files in load order (a file named twice is loaded once), each rule written with
+        ``for`` or optional operands expanded into the rules it stands for
+        (:func:`expand_templates`, :func:`expand_optional`).
 
     Raises:
         RuleError: a file that cannot be read, a syntax error, a failed check, or a rule
@@ -98,6 +108,7 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
             raise RuleError(f"cannot read rule file '{path}': {e.strerror or e}; check the path") from None
         rf = parsed_rules(text, str(path))
         check_rule_file(rf, opset)
+        rf = replace(rf, rules=tuple(v for r in rf.rules for t in expand_templates(r) for v in expand_optional(t)))
         for rule in rf.rules:
             if rule.name in defined:
                 raise RuleError(f"duplicate rule name {rule.name!r}, first defined at {defined[rule.name]}; "
@@ -168,7 +179,8 @@ def check_rule_file(rf: RuleFile, opset: int = 21) -> None:
             raise RuleError(f"duplicate rule name {rule.name!r}, first defined at {names[rule.name]}; "
                             "rename one of them", rule.loc)
         names[rule.name] = rule.loc
-        _RuleChecker(rule, opset).check()
+        for each in expand_templates(rule):
+            _RuleChecker(each, opset).check()
 
 
 # ---- one rule --------------------------------------------------------------------------
@@ -187,6 +199,11 @@ class _RuleChecker:
         self.rule = rule
         self.opset = opset
         self.bound: dict[str, _Binding] = {}
+        #: variables the pattern writes ``b?`` (optional operands), and those it writes plainly
+        self.optional: dict[str, Loc] = {}
+        self.plain: dict[str, Loc] = {}
+        #: the pattern's leaf variables, which an example must give
+        self.leaves: dict[str, Loc] = {}
 
     def check(self) -> None:
         rule = self.rule
@@ -203,6 +220,12 @@ class _RuleChecker:
                 self._bind_let(name, let.loc)
         for result in rule.results:
             self._expr(result, REPLACEMENT_FUNCTIONS, "a replacement")
+        for name, loc in self.optional.items():
+            if name in self.plain:
+                raise RuleError(f"{name!r} is an optional operand here ({name}?) but a required one at "
+                                f"{self.plain[name]}; write {name}? everywhere or nowhere", loc)
+        for example in rule.examples:
+            self._example(example)
         if len(rule.results) != len(rule.roots):
             roots = _count(len(rule.roots), "root")
             results = _count(len(rule.results), "result")
@@ -225,6 +248,11 @@ class _RuleChecker:
     def _pattern(self, p: Pattern) -> None:
         if isinstance(p, PVar):
             self._bind(p.name, "tensor", p.loc)
+            if p.name != "_":
+                (self.optional if p.optional else self.plain).setdefault(p.name, p.loc)
+                self.leaves.setdefault(p.name, p.loc)
+            return
+        if isinstance(p, PAbsent):
             return
         if p.op is not None:
             opdef = _resolve_op(p.op, p.domain, p.loc)
@@ -255,11 +283,63 @@ class _RuleChecker:
 
     # expressions use names
     def _expr(self, e: Expr, functions: frozenset[str], where: str) -> None:
+        operands = set()  # the b? written as an op's input, where an optional operand may stand
+        for sub in _walk(e):
+            if isinstance(sub, ECall) and (sub.domain or get_op(sub.func, sub.domain) is not None):
+                operands.update(id(a) for a in sub.args if isinstance(a, EVar) and a.optional)
         for sub in _walk(e):
             if isinstance(sub, EVar):
                 self._use(sub.name, sub.loc)
+                self._use_optional(sub, id(sub) in operands, where)
             elif isinstance(sub, ECall):
                 self._call(sub, functions, where)
+
+    def _use_optional(self, var: EVar, operand: bool, where: str) -> None:
+        """``b?`` only as an op's input in a replacement, and only for a pattern's ``b?``; a
+        pattern's ``b?`` is written ``b?`` wherever it is used."""
+        name = var.name
+        if var.optional:
+            if name not in self.optional:
+                raise RuleError(f"{name}? names an optional operand, but the pattern binds {name!r} as a required "
+                                f"one; write {name} here, or {name}? in the pattern", var.loc)
+            if not operand or where != "a replacement":
+                raise RuleError(f"the optional operand {name}? can only be an op's input in a replacement "
+                                f"(it is absent in some matches); not in {where} or a function's argument",
+                                var.loc)
+        elif name in self.optional and self.bound.get(name, _Binding("", var.loc)).kind == "tensor":
+            raise RuleError(f"{name!r} is an optional operand (absent in some matches); write {name}? as an "
+                            "op's input", var.loc)
+
+    def _example(self, example: Example) -> None:
+        """An example gives every leaf variable of the pattern but its optional operands a
+        value of the variable's kind."""
+        given = dict(example.values)
+        for name, value in example.values:
+            binding = self.bound.get(name)
+            if binding is None or binding.kind == "let":
+                raise RuleError(f"example: {name!r} is not a variable of the pattern; give values to "
+                                f"{', '.join(sorted(self.leaves))}", example.loc)
+            if binding.kind == "inputs":
+                raise RuleError(f"example: {name!r} is an input list ({name}...); examples cannot give one yet",
+                                example.loc)
+            if isinstance(value, ExampleTensor):
+                if binding.kind != "tensor":
+                    raise RuleError(f"example: {name!r} is {_KIND_WORDS[binding.kind]}, not a tensor; give it "
+                                    "a value", value.loc)
+                if value.dtype not in DTYPE_NAMES:
+                    raise RuleError(f"example: unknown dtype {value.dtype!r}; write one of "
+                                    f"{', '.join(sorted(DTYPE_NAMES))}", value.loc)
+            elif isinstance(value, ExampleAttrs):
+                if binding.kind != "attrs":
+                    raise RuleError(f"example: {name!r} is {_KIND_WORDS[binding.kind]}, not an attribute set; "
+                                    "{...} gives an {attrs} capture", value.loc)
+            elif binding.kind == "attrs":
+                raise RuleError(f"example: {name!r} is an attribute set; give it as {{name = value, ...}}",
+                                example.loc)
+        missing = [n for n in self.leaves if n not in given and n not in self.optional]
+        if missing:
+            raise RuleError(f"example: no value for {', '.join(repr(n) for n in missing)}; give every pattern "
+                            "variable but the optional ones a value (x = f32[1, 8, 7, 7])", example.loc)
 
     def _use(self, name: str, loc: Loc) -> None:
         if name == "_":
@@ -298,6 +378,182 @@ class _RuleChecker:
             if binding.kind != "attrs":
                 raise RuleError(f"{name!r} is {_KIND_WORDS[binding.kind]}, not an attribute set; "
                                 f"only a pattern's {{{name}}} capture can be spread into an op", call.loc)
+
+
+# ---- templates ---------------------------------------------------------------------------
+def _row_label(item) -> str:
+    return item.op if isinstance(item, OpRef) else str(item)
+
+
+class _Substitute:
+    """One row of a template put into a rule: each template name becomes the row's item."""
+
+    def __init__(self, rule: Rule, row: dict):
+        self.rule = rule
+        self.row = row
+
+    def _op(self, op: str | None, domain: str, loc: Loc) -> tuple[str | None, str]:
+        item = self.row.get(op) if op is not None and not domain else None
+        if item is None:
+            return op, domain
+        if not isinstance(item, OpRef):
+            raise RuleError(f"{op!r} stands for {item!r} in this row of the rule's for, not an op; "
+                            "give an op name there", loc)
+        return item.op, item.domain
+
+    def _value(self, name: str, loc: Loc):
+        item = self.row[name]
+        if isinstance(item, OpRef):
+            raise RuleError(f"{name!r} stands for the op {item.op} in this row of the rule's for; it can only "
+                            f"be used as an op, {name}(...)", loc)
+        return item
+
+    def pattern(self, p: Pattern) -> Pattern:
+        if isinstance(p, PVar):
+            if p.name in self.row:
+                raise RuleError(f"{p.name!r} is a name of the rule's for; a pattern variable needs another name",
+                                p.loc)
+            return p
+        if not isinstance(p, POp):
+            return p
+        op, domain = self._op(p.op, p.domain, p.loc)
+        attrs = tuple(replace(a, var=None, literal=self._value(a.var, a.loc or p.loc)) if a.var in self.row else a
+                      for a in p.attrs)
+        return replace(p, op=op, domain=domain, attrs=attrs, args=tuple(self.pattern(a) for a in p.args))
+
+    def expr(self, e: Expr) -> Expr:
+        if isinstance(e, EVar):
+            return ELit(self._value(e.name, e.loc), e.loc) if e.name in self.row else e
+        if isinstance(e, EBinary):
+            return replace(e, left=self.expr(e.left), right=self.expr(e.right))
+        if isinstance(e, EUnary):
+            return replace(e, operand=self.expr(e.operand))
+        if isinstance(e, EList):
+            return replace(e, items=tuple(self.expr(x) for x in e.items))
+        if isinstance(e, EIndex):
+            index = (tuple(None if i is None else self.expr(i) for i in e.index) if isinstance(e.index, tuple)
+                     else self.expr(e.index))
+            return replace(e, base=self.expr(e.base), index=index)
+        if isinstance(e, ECall):
+            func, domain = self._op(e.func, e.domain, e.loc)
+            return replace(e, func=func, domain=domain, args=tuple(self.expr(a) for a in e.args),
+                           kwargs=tuple((k, self.expr(v)) for k, v in e.kwargs))
+        return e
+
+
+def expand_templates(rule: Rule) -> list[Rule]:
+    """``rule`` as the rules its ``for`` stands for, one per row, named after the row's first
+    item (``ew_unary/Relu``); a rule without ``for`` as itself. A name of the ``for`` is replaced
+    by the row's item: an op where it stands as one (a pattern's or a replacement's op), a
+    literal where it is a value (an attribute, a term of an expression).
+
+    Example::
+
+        >>> from egraft.rewrite.parser import parse_rules
+        >>> text = "rule act for (op, a) in [(Relu, 1), (Neg, 2)]: op(Abs(x)) => op(x)"
+        >>> [(r.name, r.roots[0].op) for r in expand_templates(parse_rules(text).rules[0])]
+        [('act/Relu', 'Relu'), ('act/Neg', 'Neg')]
+    """
+    template = rule.template
+    if template is None:
+        return [rule]
+    out, seen = [], set()
+    for row in template.rows:
+        label = _row_label(row[0])
+        name = f"{rule.name}/{label}" if label not in seen else f"{rule.name}/{label}_{len(out)}"
+        seen.add(label)
+        sub = _Substitute(rule, dict(zip(template.names, row)))
+        out.append(replace(
+            rule, name=name, template=None, variant_of=rule.name,
+            roots=tuple(sub.pattern(r) for r in rule.roots),
+            guard=None if rule.guard is None else sub.expr(rule.guard),
+            lets=tuple(Let(let.names, sub.expr(let.value), let.loc) for let in rule.lets),
+            results=tuple(sub.expr(r) for r in rule.results)))
+    return out
+
+
+# ---- optional operands ------------------------------------------------------------------
+def _optional_names(rule: Rule) -> list[str]:
+    """The pattern's optional operands (``b?``), in order of first appearance."""
+    names: list[str] = []
+    stack: list = list(reversed(rule.roots))
+    while stack:
+        p = stack.pop()
+        if isinstance(p, PVar) and p.optional and p.name not in names:
+            names.append(p.name)
+        elif isinstance(p, POp):
+            stack.extend(reversed(p.args))
+    return names
+
+
+def _pattern_variant(p: Pattern, absent: frozenset[str]) -> Pattern:
+    if isinstance(p, PVar):
+        return replace(p, optional=False) if p.optional else p
+    if not isinstance(p, POp):
+        return p
+    args = [PAbsent(a.loc) if isinstance(a, PVar) and a.optional and a.name in absent else _pattern_variant(a, absent)
+            for a in p.args]
+    while p.rest is None and args and isinstance(args[-1], PAbsent):
+        args.pop()  # a trailing omitted input: the op's shorter form (which also matches an explicit Absent)
+    return replace(p, args=tuple(args))
+
+
+#: What an absent ``b?`` becomes in a replacement: no input at that position.
+_NO_INPUT = None
+
+
+def _expr_variant(e: Expr, absent: frozenset[str]) -> Expr:
+    if isinstance(e, EVar):
+        return replace(e, optional=False) if e.optional else e
+    if isinstance(e, EBinary):
+        return replace(e, left=_expr_variant(e.left, absent), right=_expr_variant(e.right, absent))
+    if isinstance(e, EUnary):
+        return replace(e, operand=_expr_variant(e.operand, absent))
+    if isinstance(e, EList):
+        return replace(e, items=tuple(_expr_variant(x, absent) for x in e.items))
+    if isinstance(e, EIndex):
+        index = (tuple(None if i is None else _expr_variant(i, absent) for i in e.index)
+                 if isinstance(e.index, tuple) else _expr_variant(e.index, absent))
+        return replace(e, base=_expr_variant(e.base, absent), index=index)
+    if isinstance(e, ECall):
+        args = [ELit(_NO_INPUT, a.loc) if isinstance(a, EVar) and a.optional and a.name in absent
+                else _expr_variant(a, absent) for a in e.args]
+        while args and isinstance(args[-1], ELit) and args[-1].value is _NO_INPUT:
+            args.pop()
+        return replace(e, args=tuple(args), kwargs=tuple((k, _expr_variant(v, absent)) for k, v in e.kwargs))
+    return e
+
+
+def expand_optional(rule: Rule) -> list[Rule]:
+    """``rule`` as the rules the matcher runs: one variant per subset of its optional operands
+    present. The variant with all present keeps the rule's name; another is named after what
+    it lacks (``conv_relu/without_b``) and records ``variant_of``. In a variant, an absent
+    operand leaves the pattern (a trailing one: the op's shorter form; an inner one: a
+    position that must hold no input) and the replacement (the new op gets no input there).
+    An example goes to the variant whose present operands are those it gives.
+
+    Example::
+
+        >>> from egraft.rewrite.parser import parse_rules
+        >>> rule = parse_rules("rule r: Relu(Conv(x, w, b?)) => com.egraft::FusedConv(x, w, b?)").rules[0]
+        >>> [v.name for v in expand_optional(rule)]
+        ['r', 'r/without_b']
+    """
+    names = _optional_names(rule)
+    if not names:
+        return [rule]
+    variants = []
+    for k in range(len(names) + 1):
+        for absent_names in itertools.combinations(names, k):
+            absent = frozenset(absent_names)
+            name = rule.name if not absent else f"{rule.name}/without_{'_'.join(absent_names)}"
+            examples = tuple(x for x in rule.examples if all((x.get(n) is None) == (n in absent) for n in names))
+            variants.append(replace(
+                rule, name=name, variant_of=(rule.variant_of or rule.name) if absent else rule.variant_of,
+                roots=tuple(_pattern_variant(r, absent) for r in rule.roots),
+                lets=tuple(Let(let.names, _expr_variant(let.value, absent), let.loc) for let in rule.lets),
+                results=tuple(_expr_variant(r, absent) for r in rule.results), examples=examples))
+    return variants
 
 
 def _walk(e: Expr) -> Iterator[Expr]:

@@ -39,13 +39,18 @@ from egraft.rewrite.ast import (
     ELit,
     EUnary,
     EVar,
+    Example,
+    ExampleAttrs,
+    ExampleTensor,
     Expr,
     Let,
     Loc,
+    OpRef,
     POp,
     PVar,
     Rule,
     RuleFile,
+    Template,
 )
 
 
@@ -67,13 +72,20 @@ GRAMMAR = r"""
 start: ruleset_decl? rule*
 ruleset_decl: _RULESET NAME
 
-rule: RULE NAME COLON roots (_WHERE expr)? _ARROW replacement
+rule: RULE NAME template? COLON roots (_WHERE expr)? _ARROW replacement example*
+template: _FOR template_names _IN _LSQB template_row (_COMMA template_row)* _RSQB
+template_names: NAME | _LPAR NAME (_COMMA NAME)+ _RPAR
+template_row: template_item | _LPAR template_item (_COMMA template_item)+ _RPAR
+template_item: NAME -> template_op
+             | QNAME -> template_op
+             | literal -> template_value
 
 roots: root (_SEMI root)*
 root: NAME _EQ pattern -> bound_root
     | pattern
 
 ?pattern: NAME -> pvar
+        | NAME _QMARK -> pvar_optional
         | op_pattern
 op_pattern: op_head _LPAR pattern_args _RPAR output? attr_pats?
 op_head: NAME | QNAME | STAR
@@ -115,6 +127,7 @@ exprs: expr (_COMMA expr)*
      | TRUE -> true_lit
      | FALSE -> false_lit
      | NAME -> var
+     | NAME _QMARK -> var_optional
      | call
      | _LSQB (expr (_COMMA expr)*)? _RSQB -> list
      | _LPAR expr _RPAR
@@ -125,9 +138,20 @@ attr_block: _LBRACE attr_item (_COMMA attr_item)* _RBRACE
 attr_item: NAME _EQ expr -> attr_set
          | NAME -> attr_spread
 
+example: _EXAMPLE COLON example_item (_COMMA example_item)*
+example_item: NAME _EQ example_value
+example_value: NAME _LSQB (INT (_COMMA INT)*)? _RSQB -> ex_tensor
+             | NAME -> ex_name
+             | literal -> ex_literal
+             | _LBRACE (ex_attr (_COMMA ex_attr)*)? _RBRACE -> ex_attrs
+ex_attr: NAME _EQ literal
+
 RULE: "rule"
 _RULESET: "ruleset"
 _WHERE: "where"
+_EXAMPLE: "example"
+_FOR: "for"
+_IN: "in"
 AND: "and"
 OR: "or"
 NOT: "not"
@@ -145,6 +169,7 @@ COLON: ":"
 _SEMI: ";"
 _COMMA: ","
 _ELLIPSIS: "..."
+_QMARK: "?"
 _LPAR: "("
 _RPAR: ")"
 _LSQB: "["
@@ -175,6 +200,10 @@ _TERMINAL_WORDS: dict[str, str] = {
     "RULE": "'rule'",
     "_RULESET": "'ruleset'",
     "_WHERE": "'where'",
+    "_EXAMPLE": "'example'",
+    "_FOR": "'for'",
+    "_IN": "'in'",
+    "_QMARK": "'?'",
     "TRUE": "'true'",
     "FALSE": "'false'",
     "NOT": "'not'",
@@ -335,10 +364,81 @@ class _Build(Transformer):
         return str(children[0])
 
     def rule(self, meta, children):
+        examples = tuple(c for c in children if isinstance(c, Example))
+        template = next((c for c in children if isinstance(c, Template)), None)
+        children = [c for c in children if not isinstance(c, Example | Template)]
         keyword, name, _colon, roots = children[:4]
         guard = children[4] if len(children) == 6 else None
         lets, results = children[-1]
-        return Rule(str(name), "", tuple(roots), guard, lets, results, self._loc(keyword))
+        return Rule(str(name), "", tuple(roots), guard, lets, results, self._loc(keyword), examples=examples,
+                    template=template)
+
+    # templates
+    def template(self, meta, children):
+        names, rows = children[0], children[1:]
+        for row in rows:
+            if len(row) != len(names):
+                raise RuleError(f"a row of {len(row)} item(s) for {len(names)} name(s) ({', '.join(names)}); "
+                                "give each row one item per name", self._loc(meta))
+        return Template(tuple(names), tuple(rows), self._loc(meta))
+
+    def template_names(self, meta, children):
+        names = [str(c) for c in children]
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise RuleError(f"{n!r} named twice in a rule's for; give each name once", self._loc(meta))
+        return tuple(names)
+
+    def template_row(self, meta, children):
+        return tuple(children)
+
+    def template_op(self, meta, children):
+        token = children[0]
+        if token.type == "QNAME":
+            domain, op = str(token).split("::")
+            return OpRef(op, domain)
+        if token in LITERAL_NAMES:
+            return LITERAL_NAMES[token]
+        return OpRef(str(token))
+
+    def template_value(self, meta, children):
+        return children[0]
+
+    # examples
+    def example(self, meta, children):
+        values, opset, seen = [], None, {}
+        for name, value, loc in (c for c in children if not isinstance(c, Token)):  # not the ':'
+            if name in seen:
+                raise RuleError(f"{name!r} given twice in one example (first at {seen[name]}); give it once", loc)
+            seen[name] = loc
+            if name == "opset":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise RuleError(f"an example's opset is a positive integer, not {value!r}", loc)
+                opset = value
+            else:
+                values.append((name, value))
+        return Example(tuple(values), self._loc(meta), opset)
+
+    def example_item(self, meta, children):
+        name, value = children
+        return str(name), value, self._loc(name)
+
+    def ex_tensor(self, meta, children):
+        dtype, dims = children[0], children[1:]
+        return ExampleTensor(str(dtype), tuple(int(d) for d in dims), self._loc(dtype))
+
+    def ex_name(self, meta, children):
+        return _literal_of_name(children[0], self._loc(children[0]))
+
+    def ex_literal(self, meta, children):
+        return children[0]
+
+    def ex_attrs(self, meta, children):
+        return ExampleAttrs(tuple(children), self._loc(meta))
+
+    def ex_attr(self, meta, children):
+        name, value = children
+        return str(name), value
 
     def roots(self, meta, children):
         return children
@@ -357,6 +457,12 @@ class _Build(Transformer):
     # patterns
     def pvar(self, meta, children):
         return PVar(str(children[0]), self._loc(children[0]))
+
+    def pvar_optional(self, meta, children):
+        name = str(children[0])
+        if name == "_":
+            raise RuleError("'_?' is not an optional operand; '_' already matches an input or none", self._loc(meta))
+        return PVar(name, self._loc(children[0]), optional=True)
 
     def op_pattern(self, meta, children):
         (op, domain, loc), (args, rest) = children[0], children[1]
@@ -498,6 +604,9 @@ class _Build(Transformer):
         if token in LITERAL_NAMES:
             return ELit(LITERAL_NAMES[token], self._loc(token))
         return EVar(str(token), self._loc(token))
+
+    def var_optional(self, meta, children):
+        return EVar(str(children[0]), self._loc(children[0]), optional=True)
 
     def list(self, meta, children):
         return EList(tuple(children), self._loc(meta))
