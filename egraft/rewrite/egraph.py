@@ -21,6 +21,11 @@ Every earlier way compiled a rule per batch: each top-level command is a rule of
 (0.4-1.5 ms), and a rule of 16 actions took 1.2 ms to declare, so commands cost
 80-160 us each (2.1 s of DenseNet-121's saturation under the profiler); as rows they
 cost about 9 us.
+
+Snapshots do not read egglog back: the state's :class:`~egraft.rewrite.snapshot.EGraphIndex`
+takes in what each flush sent and computes the same congruence closure
+(``egraft/rewrite/snapshot.py``); :meth:`EGraphState.egglog_classes` reads egglog's partition
+for the tests that check the two agree.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from egglog import EGraph as EgglogGraph
 
 from egraft.ir.graph import Graph, Node, Value
 from egraft.ir.types import TensorType
-from egraft.rewrite.snapshot import ABSENT, CONST, INPUT, LEAF_OPS, OUT, ClassTracker, ENode, Snapshot
+from egraft.rewrite.snapshot import ABSENT, CONST, INPUT, LEAF_OPS, OUT, EGraphIndex, ENode, Snapshot
 
 #: egglog's name for the handle constructor (its rows are what a snapshot reads).
 _REF = "egraft_Ref"
@@ -141,8 +146,10 @@ class EGraphState:
         self._interned: dict[str, int] = {}  # op names and attribute keys -> the ids egglog sees
         self._cells = 0  # list cells made (cell 0 is the empty list)
         self._files: str | None = None  # a private folder for the request files
-        self._tracker = ClassTracker()  # the e-classes as of the last snapshot
-        self._handle_ints: dict[Any, int] = {}
+        self._index = EGraphIndex()  # the e-classes as of the last snapshot
+        self._sent_refs: list[int] = []  # handles whose term egglog took in since the last snapshot
+        self._sent_unions: list[tuple[int, int]] = []  # unions egglog took in since the last snapshot
+        self._known: dict[int, np.ndarray] = {}  # the last snapshot's compile-time values by e-class
         self.output_refs: list[int] = []
         self.input_refs: dict[str, int] = {}
         self.absent_ref: int | None = None
@@ -172,6 +179,8 @@ class EGraphState:
         return i
 
     def _queue_term(self, ref: int, name: str, key: str, args) -> None:
+        domain, _, op = name.rpartition("::")
+        self._index.term[ref] = (op, domain, key, tuple(args))
         cell = 0
         for a in reversed(args):  # the first argument is the outermost cell
             self._cells += 1
@@ -231,7 +240,8 @@ class EGraphState:
         """Send the queued commands to egglog as rows of its request relations, then apply them
         (module docstring). Past ``deadline`` (in ``clock``'s seconds) the rest is dropped:
         True then. Commands go in order and a term names only handles and cells made before
-        it, so a cut leaves at worst list cells or terms that nothing reads."""
+        it, so a cut leaves at worst list cells or terms that nothing reads. What was sent is
+        kept for the next :meth:`snapshot`."""
         raw = self.egraph._egraph
         if self._files is None:
             self._files = tempfile.mkdtemp(prefix="egraft-egraph-")
@@ -241,7 +251,8 @@ class EGraphState:
                 self.pending.clear()
                 return True
             rows: dict[str, list[str]] = {tag: [] for tag in _RELATIONS}
-            for command in self.pending[start:start + CHUNK]:
+            chunk = self.pending[start:start + CHUNK]
+            for command in chunk:
                 rows[command[0]].append("\t".join(map(str, command[1:])))
             program = []
             for tag, lines in rows.items():
@@ -252,6 +263,11 @@ class EGraphState:
                     program.append(f"(input {_RELATIONS[tag]} {_string(path)})")
             program.append("(run egraft_load 1)")
             raw.run_program(*raw.parse_program("\n".join(program)))
+            for command in chunk:
+                if command[0] == "t":
+                    self._sent_refs.append(command[1])
+                elif command[0] == "u":
+                    self._sent_unions.append((command[1], command[2]))
         self.pending.clear()
         return False
 
@@ -302,23 +318,31 @@ class EGraphState:
 
     # ---- reading ---------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The current e-graph as plain Python data: egglog's partition of the handles, read
-        from its frozen handle table, with the e-classes rebuilt where it changed since the
-        last snapshot (``egraft/rewrite/snapshot.py``)."""
+        """The e-graph as of the last flush, as plain Python data: the index's congruence closure
+        of what egglog was sent, updated with what was sent since the last snapshot
+        (``egraft/rewrite/snapshot.py``). egglog is not read back."""
+        change = self._index.update(self._sent_refs, self._sent_unions, self._is_tuple)
+        self._sent_refs, self._sent_unions = [], []
+        snapshot = Snapshot(self, self._index, change)
+        for c, value in snapshot.known.items():  # a compile-time value is a property of the e-class too
+            if self._known.get(c) is not value:
+                change.dirty.add(c)
+        self._known = snapshot.known
+        return snapshot
+
+    def _is_tuple(self, c: int) -> bool:
+        return isinstance(self.ref_types[c], tuple)
+
+    def egglog_classes(self) -> dict[int, int]:
+        """Handle -> e-class (its smallest handle) as egglog's own handle table holds them (for
+        checking the index against egglog; a snapshot does not read it)."""
         raw = self.egraph._egraph
-        ints = self._handle_ints  # egglog i64 value -> int: the same values come back each round
-        rows = []
-        for row in raw.freeze().functions[_REF].rows:
-            value = row.inputs[0]
-            ref = ints.get(value)
-            if ref is None:
-                ref = ints[value] = raw.value_to_i64(value)
-            if ref >= 0:
-                rows.append((ref, row.output))
-        tracker = self._tracker
-        tracker.add_terms(self.term_log)
-        changed = tracker.update(rows)
-        return Snapshot(self, dict(tracker.classes), tracker.ref_class, changed)
+        pairs = [(raw.value_to_i64(row.inputs[0]), row.output) for row in raw.freeze().functions[_REF].rows]
+        smallest: dict = {}
+        for ref, value in pairs:
+            if ref >= 0 and ref < smallest.get(value, ref + 1):
+                smallest[value] = ref
+        return {ref: smallest[value] for ref, value in pairs if ref >= 0}
 
 
 def value_name(ref: int) -> str:

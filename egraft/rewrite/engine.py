@@ -7,12 +7,15 @@ threshold doubles (egg's BackoffScheduler), so a few exploding rules (associativ
 commutativity) cannot starve the rest. Saturation stops when nothing changes, or at the
 iteration, e-node or time budget; the report says which.
 
-Matching is incremental (semi-naive): a single-root rule that matched the whole snapshot of
-round ``j`` next matches only at roots from which its pattern reaches an e-class that
-changed since (merged, given a new e-node or newly constant): any other match is one it
-found already. ResNet-50's rounds after the fifth went from 60-300 ms to 40-70 ms; a test
-checks that both ways end in the same e-graph. egglog's cost per queued command grows with
-the e-graph, so the last round's flush is cut at the deadline plus :data:`FLUSH_GRACE`.
+Matching is semi-naive: a rule that matched completely against snapshot ``j`` next finds only
+the matches that use an e-node new since (a new term, or one whose inputs were renamed by a merge)
+or bind a variable to an e-class whose own properties changed (a new name, a merge, a new
+constant): every other match was a match then, with the same guard and the same replacement
+(``egraft/rewrite/match.py``, :class:`~egraft.rewrite.match.Delta`). Snapshots come from the
+state's index, which follows egglog's congruence closure without reading egglog back
+(``egraft/rewrite/snapshot.py``). A test checks that semi-naive and full matching end in the same
+e-graph. egglog's cost per queued command grows with the e-graph, so the last round's flush is cut
+at the deadline plus :data:`FLUSH_GRACE`.
 
 Example:
     >>> state = EGraphState.from_graph(graph)                        # doctest: +SKIP
@@ -33,7 +36,17 @@ from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
 from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
-from egraft.rewrite.match import MATCHED, EClassId, Matcher, fixed_order_nodes, pattern_depth, required_constants
+from egraft.rewrite.match import (
+    MATCHED,
+    Delta,
+    EClassId,
+    Matcher,
+    fixed_order_nodes,
+    fresh_nodes,
+    reads_ops,
+    required_constants,
+)
+from egraft.rewrite.snapshot import Change
 
 #: The clock that :attr:`Budget.seconds` is kept in: this thread's CPU time, not the wall's, so
 #: that a busy machine (a test suite beside the compile, another compile) slows saturation down
@@ -141,17 +154,13 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     ban_count = {r.name: 0 for r in rules}
     applied: set[tuple] = set()
     snapshot = state.snapshot()
-    const_refs = {snapshot.class_ref[c] for c in snapshot.const_class}
-    newly_const: set[int] = set(const_refs)
-    # Incremental (semi-naive) matching: a rule matched completely against snapshot j is next
-    # matched only where some root's pattern reaches an e-class changed since (merged, new e-node,
-    # newly constant): every other match is one it already found (a multi-root rule's roots,
-    # Inception's parallel convolutions, each matched the same as before and joined the same).
-    depth = {r.name: tuple(pattern_depth(root) for root in r.roots) for r in rules if incremental}
     constants = {r.name: required_constants(r) for r in rules}  # what matching may skip early
     fixed_order = fixed_order_nodes(rules)  # commutative nodes whose other order a rule spells
+    # Semi-naive matching (module docstring): a rule matched completely against snapshot j next
+    # finds only the matches that reach an e-class changed since.
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
-    changed_since: list[set[int]] = [set()]  # per snapshot: first handles of the e-classes it changed
+    news: list[tuple[dict, Change]] = [({}, snapshot.change)]  # per snapshot: its fresh e-nodes and changes
+    wide = {r.name for r in rules if reads_ops(r)}  # rules for which an e-class that gains an op is new
     nodes_before = snapshot.num_nodes
     stop = "iteration limit"
     iteration = 0
@@ -165,8 +174,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         any_banned = False
         matcher = Matcher(snapshot, opset, fixed_order)
         evaluator = Evaluator(state, snapshot, opset, fresh)
-        regions: dict[tuple[int, int], set[int]] = {}
-        current = len(changed_since) - 1
+        deltas: dict[tuple[int, bool], Delta] = {}  # (snapshot a rule last matched, wide) -> what changed since
+        current = len(news) - 1
         for rule in rules:
             if BUDGET_CLOCK() + flush_rate * len(state.pending) > deadline:
                 out_of_time = True  # the rest of the round waits: any subset of the rewrites is sound
@@ -176,23 +185,18 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                 any_banned = True
                 continue
             t0 = time.perf_counter()
-            within = None
+            delta = None
             if name in matched_at:
-                since = matched_at[name]
-                within = []
-                for levels in depth[name]:
-                    region_key = (since, levels)
-                    if region_key not in regions:
-                        seeds = {snapshot.ref_class[r] for k in range(since + 1, current + 1)
-                                 for r in changed_since[k]}
-                        regions[region_key] = matcher.region(seeds, levels)
-                    within.append(regions[region_key])
+                key = (matched_at[name], name in wide)
+                if key not in deltas:
+                    deltas[key] = Delta.since(news[key[0] + 1:current + 1], key[1])
+                delta = deltas[key]
             # the guard filters matches as they are found, so only accepted ones count towards the
             # ban threshold. Guards see types (fixed) and constness (which only grows), and an
             # e-class that became constant is a changed one: a refused match is looked at again
             # when incremental matching finds it again.
             accept = None if rule.guard is None else partial(evaluator.guard, rule)
-            substs = matcher.match_rule(rule, limit=threshold[name] + 1, within=within, constants=constants[name],
+            substs = matcher.match_rule(rule, limit=threshold[name] + 1, delta=delta, constants=constants[name],
                                         accept=accept)
             stats[name].guard_refused += matcher.refused
             stats[name].matches += matcher.refused
@@ -205,7 +209,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
                 stats[name].seconds += time.perf_counter() - t0
                 continue
             stats[name].matches += len(substs)
-            if name in depth:
+            if incremental:
                 matched_at[name] = current
             for subst in substs:
                 key = _match_key(rule, subst)
@@ -242,10 +246,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         if queued:
             flush_rate = (BUDGET_CLOCK() - t0) / queued
         snapshot = state.snapshot()
-        now_const = {snapshot.class_ref[c] for c in snapshot.const_class}
-        newly_const = now_const - const_refs
-        const_refs = now_const
-        changed_since.append(snapshot.changed | newly_const)
+        if incremental:
+            news.append((fresh_nodes(snapshot), snapshot.change))
         if progress is not None:
             progress(iteration, snapshot.num_nodes)
         if snapshot.num_nodes > budget.max_nodes:

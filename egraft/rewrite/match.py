@@ -17,11 +17,13 @@ in both orders, would otherwise build each fused body twice over.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from functools import cache
 from typing import Any
 
 from egraft.ir.registry import get_op
-from egraft.rewrite.ast import EBinary, ECall, EVar, PAbsent, POp, PVar, Rule
+from egraft.rewrite.ast import EBinary, ECall, EIndex, EList, EUnary, EVar, PAbsent, POp, PVar, Rule
 from egraft.rewrite.egraph import ABSENT, OUT, ENode, Snapshot
+from egraft.rewrite.snapshot import Change
 
 Subst = dict[str, Any]
 
@@ -75,6 +77,121 @@ def _same_attrs(a: dict, b: dict, op: str, domain: str, opset: int) -> bool:
     return True
 
 
+def fresh_nodes(snapshot: Snapshot) -> dict[int, set[ENode]]:
+    """Per e-class that ``snapshot`` changed, its e-nodes that a match could not use against the
+    state's previous snapshot: those the e-class did not hold (all of a new name's), and those
+    that entered the :data:`INTERIOR_ALTERNATIVES` an interior variadic pattern tries (two e-nodes
+    that became one make room for another)."""
+    change = snapshot.change
+    fresh: dict[int, set[ENode]] = {}
+    for c in change.changed:
+        nodes = snapshot.classes[c]
+        old = change.previous.get(c)
+        if old is None:
+            fresh[c] = set(nodes)
+            continue
+        before = set(old)
+        new = {n for n in nodes if n not in before}
+        if len(old) > INTERIOR_ALTERNATIVES or len(nodes) > INTERIOR_ALTERNATIVES:
+            for op in {n.op for n in nodes} | {None}:
+                listed, was = ([n for n in x if (n.op == op if op is not None else n.op not in _NOT_ANY)]
+                               for x in (nodes, old))
+                new |= set(_window(listed)) - set(_window(was))
+        if new:
+            fresh[c] = new
+    return fresh
+
+
+def _window(nodes: list) -> list:
+    """The e-nodes (or ``(e-node, e-class)`` pairs) that an interior variadic pattern tries: at most
+    :data:`INTERIOR_ALTERNATIVES`, those with the fewest inputs first (the most room to fuse)."""
+    if len(nodes) <= INTERIOR_ALTERNATIVES:
+        return nodes
+    return sorted(nodes, key=lambda n: len((n if isinstance(n, ENode) else n[0]).children))[:INTERIOR_ALTERNATIVES]
+
+
+class Delta:
+    """What changed since a rule last matched completely (semi-naive matching): per e-class the
+    e-nodes a match could not use then (:func:`fresh_nodes` of each snapshot since), and the
+    e-classes whose own properties changed (``dirty``, :class:`~egraft.rewrite.snapshot.Change`:
+    a variable bound to one may pass a guard that refused it; with ``wide``, for a rule whose guard
+    reads which ops an e-class holds, those whose ops changed too). A match that uses none of those
+    e-nodes and binds none of those e-classes was a match then, with the same guard and the same
+    replacement. Per pattern shape, the e-classes from which a match could reach them
+    (:meth:`Matcher.reach`), shared by the rules matched with the same delta."""
+
+    def __init__(self, fresh: dict[int, set[ENode]], dirty: set[int]):
+        self.fresh = fresh
+        self.dirty = dirty
+        self.fresh_ops: dict[str, set[int]] = {}  # op -> the e-classes with a fresh e-node of op
+        for c, nodes in fresh.items():
+            for n in nodes:
+                self.fresh_ops.setdefault(n.op, set()).add(c)
+        self.reach: dict[tuple, set[int]] = {}
+
+    @classmethod
+    def since(cls, rounds: list[tuple[dict[int, set[ENode]], Change]], wide: bool = False) -> Delta:
+        """The delta of several snapshots' :func:`fresh_nodes` and changes together."""
+        fresh: dict[int, set[ENode]] = {}
+        dirty: set[int] = set()
+        for nodes_of, change in rounds:
+            if len(rounds) == 1:
+                fresh = nodes_of
+            else:
+                for c, nodes in nodes_of.items():
+                    fresh.setdefault(c, set()).update(nodes)
+            dirty |= change.dirty
+            if wide:
+                dirty |= change.new_ops
+        return cls(fresh, dirty)
+
+
+def reads_ops(rule: Rule) -> bool:
+    """Whether the rule's guard asks which ops an e-class holds (``made_by``): then an e-class
+    bound to a variable is new to the rule when it gains an op (:class:`Delta`)."""
+    stack = [rule.guard]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, ECall):
+            if e.func == "made_by":
+                return True
+            stack += [*e.args, *(v for _, v in e.kwargs)]
+        elif isinstance(e, EBinary):
+            stack += [e.left, e.right]
+        elif isinstance(e, EUnary):
+            stack.append(e.operand)
+        elif isinstance(e, EList):
+            stack += e.items
+        elif isinstance(e, EIndex):
+            stack += [e.base, *(e.index if isinstance(e.index, tuple) else (e.index,))]
+    return False
+
+
+#: The key under which a partial substitution records that it uses a fresh e-node or binds a dirty
+#: e-class (semi-naive matching; removed from the substitutions :meth:`Matcher.match_rule` returns).
+NEW = "$new"
+#: The e-node ops that a pattern of any op (``*``) does not stand for.
+_NOT_ANY = (OUT, ABSENT)
+
+
+@cache
+def _commutative(op: str, domain: str) -> bool:
+    opdef = get_op(op, domain)
+    return opdef is not None and opdef.commutative
+
+
+def _shape(pattern) -> tuple | str | None:
+    """What of a pattern decides where a match of it can reach a :class:`Delta`'s e-nodes and
+    e-classes: its ops, outputs and bindings, where it binds variables (``"v"``), not attributes or
+    variable names; None for a position that binds nothing (``_``, an absent input)."""
+    if isinstance(pattern, PVar):
+        return None if pattern.name == "_" else "v"
+    if isinstance(pattern, PAbsent):
+        return None
+    return (pattern.op, pattern.output, tuple(_shape(a) for a in pattern.args), pattern.rest is not None,
+            pattern.bind is not None)
+
+
 class Matcher:
     """Matches patterns against one snapshot. ``opset`` gives attribute defaults."""
 
@@ -83,59 +200,78 @@ class Matcher:
         self.opset = opset
         #: the pattern nodes (by ``id``) matched in their written input order only
         self.fixed_order = fixed_order
-        self._parents: dict[int, set[int]] | None = None
-        self._candidates: dict[tuple[str | None, int], list[int]] = {}
+        self._candidates: dict[tuple[str | None, int], tuple[list[int], set[int]]] = {}
         #: the variables the rule being matched requires constant (:func:`required_constants`)
         self._constant_vars: frozenset[str] = frozenset()
+        #: while matching with a delta: the delta, and per pattern node (by ``id``) its reach
+        self._delta: Delta | None = None
+        self._reach: dict[int, set[int]] = {}
         #: the matches the last :meth:`match_rule` call's ``accept`` turned down
         self.refused = 0
 
     # ---- single patterns ----------------------------------------------------------------
-    def match_class(self, pattern, c: int, subst: Subst, interior: bool = False) -> Iterator[Subst]:
+    def match_class(self, pattern, c: int, subst: Subst, interior: bool = False, need: bool = False) -> Iterator[Subst]:
         """Every extension of ``subst`` under which ``pattern`` matches e-class ``c`` (an
         ``interior`` variadic pattern node tries at most :data:`INTERIOR_ALTERNATIVES` of the
-        class's e-nodes of its op)."""
+        class's e-nodes of its op). With ``need`` (semi-naive matching: nothing else in the match
+        can be new), only the extensions whose part here is (:class:`Delta`)."""
+        delta = self._delta
         if isinstance(pattern, PVar):
             if pattern.name == "_":
-                yield subst
+                if not need:
+                    yield subst
+                return
+            if need and c not in delta.dirty:
                 return
             bound = subst.get(pattern.name)
             if bound is None:
-                if self.snap.is_tuple(c) or self.snap.is_absent(c):
+                if c in self.snap.tuples or c in self.snap.absent:
                     return
                 if pattern.name in self._constant_vars and c not in self.snap.const_class:
                     return  # the guard's const() would refuse it
                 out = dict(subst)
                 out[pattern.name] = EClassId(c)
+                if delta is not None and c in delta.dirty:
+                    out[NEW] = True
                 yield out
             elif bound == c:
                 yield subst
             return
+        if need and c not in self._reach[id(pattern)]:
+            return
         nodes = self._op_nodes(pattern, c)
         if interior and pattern.rest is not None:
-            found = list(nodes)
-            if len(found) > INTERIOR_ALTERNATIVES:  # the ones with the fewest inputs: the most room to fuse
-                found = sorted(found, key=lambda item: len(item[0].children))[:INTERIOR_ALTERNATIVES]
-            nodes = iter(found)
-        for node, node_class in nodes:
-            yield from self._match_node(pattern, node, node_class, subst)
+            nodes = iter(_window(list(nodes)))
+        for node, node_class, via in nodes:
+            yield from self._match_node(pattern, node, node_class, subst, need, via)
 
-    def _op_nodes(self, pattern: POp, c: int) -> Iterator[tuple[ENode, int]]:
-        """The e-nodes in class ``c`` (or, through ``Out``, its tuple class) that could match."""
-        if pattern.output == 0 and not self.snap.is_tuple(c):
-            for n in self.snap.classes.get(c, ()):
-                if n.op not in (OUT, ABSENT) and (pattern.op is None or n.op == pattern.op):
-                    yield n, c
-        if c not in self.snap.projected:
+    def _op_nodes(self, pattern: POp, c: int) -> Iterator[tuple[ENode, int, tuple | None]]:
+        """The e-nodes in class ``c`` (or, through ``Out``, its tuple class) that could match, each
+        with its e-class and, for one seen through ``Out``, the ``(e-class, Out e-node)`` pair."""
+        snap = self.snap
+        if pattern.output == 0 and c not in snap.tuples:
+            if pattern.op is None:
+                for n in snap.classes.get(c, ()):
+                    if n.op not in _NOT_ANY:
+                        yield n, c, None
+            else:
+                for n in snap.class_ops[c].get(pattern.op, ()):
+                    yield n, c, None
+        if c not in snap.projected:
             return
-        for n in self.snap.classes.get(c, ()):
-            if n.op == OUT and self.snap.attrs(n).get("index") == pattern.output:
-                tup = n.children[0]
-                for tn in self.snap.classes.get(tup, ()):
-                    if pattern.op is None or tn.op == pattern.op:
-                        yield tn, tup
+        for out in snap.class_ops[c][OUT]:
+            if snap.attrs(out).get("index") == pattern.output:
+                tup = out.children[0]
+                nodes = snap.classes.get(tup, ()) if pattern.op is None else snap.class_ops[tup].get(pattern.op, ())
+                for tn in nodes:
+                    yield tn, tup, (c, out)
 
-    def _match_node(self, pattern: POp, node: ENode, node_class: int, subst: Subst) -> Iterator[Subst]:
+    def _is_fresh(self, c: int, node: ENode) -> bool:
+        fresh = self._delta.fresh.get(c)
+        return fresh is not None and node in fresh
+
+    def _match_node(self, pattern: POp, node: ENode, node_class: int, subst: Subst,
+                    need: bool = False, via: tuple | None = None) -> Iterator[Subst]:
         if node.op in ("Const", "Input"):
             return
         args = pattern.args
@@ -143,7 +279,7 @@ class Matcher:
         if pattern.rest is None and len(children) > len(args):
             # Trailing omitted optional inputs may be present as Absent.
             extra = children[len(args):]
-            if not all(self.snap.is_absent(c) for c in extra):
+            if not all(c in self.snap.absent for c in extra):
                 return
             children = children[:len(args)]
         if len(children) < len(args):
@@ -178,9 +314,17 @@ class Matcher:
             if pattern.rest in self._constant_vars and not all(c in self.snap.const_class for c in rest):
                 return  # the guard's const() would refuse it
             base[pattern.rest] = list(map(EClassId, rest))
-        yield from self._match_args(list(args), padded[:len(args)], base)
+        delta = self._delta
+        if delta is not None and NEW not in base and (
+                self._is_fresh(node_class, node) or (via is not None and self._is_fresh(*via))
+                or (pattern.bind is not None and node_class in delta.dirty)
+                or (pattern.rest is not None and not delta.dirty.isdisjoint(padded[len(args):]))):
+            base[NEW] = True
+        if need and NEW in base:
+            need = False
+        yield from self._match_args(args, padded[:len(args)], base, need)
         if self._swaps(pattern, node, padded):
-            yield from self._match_args(list(args), [padded[1], padded[0]], base)
+            yield from self._match_args(args, (padded[1], padded[0]), base, need)
 
     def _swaps(self, pattern: POp, node: ENode, children: list) -> bool:
         """Whether a two-input commutative node is matched with its inputs swapped too: when
@@ -190,71 +334,114 @@ class Matcher:
             return False
         if id(pattern) in self.fixed_order or all(isinstance(a, PVar) for a in pattern.args):
             return False
-        opdef = get_op(node.op, node.domain)
-        return opdef is not None and opdef.commutative
+        return _commutative(node.op, node.domain)
 
-    def _match_args(self, patterns: list, classes: list, subst: Subst) -> Iterator[Subst]:
+    def _match_args(self, patterns: Sequence, classes: Sequence, subst: Subst, need: bool = False) -> Iterator[Subst]:
+        """The extensions of ``subst`` under which each of ``patterns`` matches the e-class beside
+        it; with ``need``, only those in which some of them is new (:class:`Delta`)."""
         if not patterns:
             yield subst
             return
         first, c = patterns[0], classes[0]
-        if c is None or self.snap.is_absent(c):
-            if type(first) is PAbsent or (isinstance(first, PVar) and first.name == "_"):
-                yield from self._match_args(patterns[1:], classes[1:], subst)
+        need_here = need and NEW not in subst
+        if need_here:  # unless an input after this one could still be new
+            reach = self._reach
+            need_here = not any(cl is not None and cl in reach[id(p)] for p, cl in zip(patterns[1:], classes[1:]))
+        if c is None or c in self.snap.absent:
+            if not need_here and (type(first) is PAbsent or (isinstance(first, PVar) and first.name == "_")):
+                yield from self._match_args(patterns[1:], classes[1:], subst, need)
             return
         if type(first) is PAbsent:
             return  # an input is there where the pattern wants none
-        for s in self.match_class(first, c, subst, interior=True):
-            yield from self._match_args(patterns[1:], classes[1:], s)
+        for s in self.match_class(first, c, subst, interior=True, need=need_here):
+            yield from self._match_args(patterns[1:], classes[1:], s, need)
+
+    # ---- semi-naive matching ------------------------------------------------------------
+    def reach(self, pattern, delta: Delta) -> set[int]:
+        """The e-classes at which a match of ``pattern`` could use a fresh e-node or bind a dirty
+        e-class of ``delta``: a variable's are the dirty ones; an op's, those with a fresh e-node
+        of the op (or a fresh projection), the dirty ones if it binds a name, and those with an
+        e-node of the op that reads an e-class in one of its inputs' reach (and the projections of
+        such a tuple e-class). Only a root in this set can match differently since the delta's
+        snapshot; matching prunes the inputs outside their sets. A superset (attributes and
+        repeated variables are not looked at), memoized per pattern shape in ``delta``."""
+        return self._reach_of(_shape(pattern), delta)
+
+    def _reach_of(self, shape, delta: Delta) -> set[int]:
+        if shape is None:
+            return set()
+        if shape == "v":
+            return delta.dirty
+        found = delta.reach.get(shape)
+        if found is not None:
+            return found
+        op, _, args, rest, bind = shape
+        below = set(delta.dirty) if rest else set()
+        for arg in args:
+            below |= self._reach_of(arg, delta)
+        if op is None:
+            found = set().union(*(cs for o, cs in delta.fresh_ops.items() if o not in _NOT_ANY))
+        else:
+            found = set(delta.fresh_ops.get(op, ()))
+        found |= delta.fresh_ops.get(OUT, set())
+        if bind:
+            found |= delta.dirty
+        uses = self.snap.uses
+        for c in below:
+            for parent, parent_op in uses.get(c, ()):
+                if parent_op == op or (op is None and parent_op not in _NOT_ANY):
+                    found.add(parent)
+        for tup in found & self.snap.tuples:  # matched at the projections of its outputs
+            for parent, parent_op in uses.get(tup, ()):
+                if parent_op == OUT:
+                    found.add(parent)
+        delta.reach[shape] = found
+        return found
+
+    def _enter(self, rule: Rule, delta: Delta | None) -> None:
+        """Record the delta, and the reach of each pattern node of ``rule``."""
+        self._reach = {}
+        self._delta = delta
+        if delta is None:
+            return
+        stack: list = list(rule.roots)
+        while stack:
+            p = stack.pop()
+            self._reach[id(p)] = self.reach(p, delta)
+            if isinstance(p, POp):
+                stack.extend(p.args)
 
     # ---- rules --------------------------------------------------------------------------
     def candidates(self, pattern: POp) -> list[int]:
         """E-classes whose e-nodes could match a root pattern, deterministic order.
         Memoized by the pattern's op and output: many rules share a root op (every rule of
         this snapshot asks), and the list depends on nothing else."""
+        return self._candidates_of(pattern)[0]
+
+    def _candidates_of(self, pattern: POp) -> tuple[list[int], set[int]]:
         key = (pattern.op, pattern.output)
         if key not in self._candidates:
-            self._candidates[key] = self._find_candidates(pattern)
+            found = self._find_candidates(pattern)
+            self._candidates[key] = (sorted(found), found)
         return self._candidates[key]
 
-    def _find_candidates(self, pattern: POp) -> list[int]:
+    def _find_candidates(self, pattern: POp) -> set[int]:
+        snap = self.snap
         if pattern.op is None:
-            return sorted(self.snap.classes)
-        found = {c for c, _ in self.snap.by_op.get(pattern.op, ())}
-        direct = {c for c in found if not self.snap.is_tuple(c)} if pattern.output == 0 else set()
+            return set(snap.classes)
+        found = snap.op_classes.get(pattern.op, set())
+        direct = found - snap.tuples if pattern.output == 0 else set()
         projections = set()  # the outputs of multi-output nodes: Out(i) of a tuple class
-        for c, n in self.snap.by_op.get(OUT, ()):
-            if n.children[0] in found and self.snap.attrs(n).get("index") == pattern.output:
-                projections.add(c)
-        return sorted(direct | projections)
+        for tup in found & snap.tuples:
+            for c, op in snap.uses.get(tup, ()):
+                if op == OUT and any(n.children[0] == tup and snap.attrs(n).get("index") == pattern.output
+                                     for n in snap.class_ops[c][OUT]):
+                    projections.add(c)
+        return direct | projections
 
     def parents(self, c: int) -> set[int]:
         """The e-classes with an e-node that takes e-class ``c`` as an input."""
-        if self._parents is None:
-            self._parents = {}
-            for cls, enodes in self.snap.classes.items():
-                for n in enodes:
-                    for ch in n.children:
-                        self._parents.setdefault(ch, set()).add(cls)
-        return self._parents.get(c, set())
-
-    def region(self, seeds: set[int], depth: int) -> set[int]:
-        """The e-classes from which a pattern of ``depth`` levels could reach one of ``seeds``:
-        the seeds and their users up to ``depth`` e-nodes above (a tuple class, seen through
-        ``Out``, adds no level). Only a root in this region can match differently after the
-        seeds changed."""
-        left = dict.fromkeys(seeds, depth)  # e-class -> the most levels left on reaching it
-        frontier = list(seeds)
-        while frontier:
-            c = frontier.pop()
-            if left[c] == 0:
-                continue
-            for p in self.parents(c):
-                more = left[c] - (0 if self.snap.is_tuple(p) else 1)
-                if left.get(p, -1) < more:
-                    left[p] = more
-                    frontier.append(p)
-        return set(left)
+        return self.snap.parents(c)
 
     def _join_candidates(self, root: POp, candidates: list[int], subst: Subst) -> list[int]:
         """``candidates`` (sorted) of a later root, narrowed to the parents of an input that an
@@ -265,48 +452,57 @@ class Matcher:
             bound = subst.get(arg.name) if isinstance(arg, PVar) else None
             if isinstance(bound, EClassId):
                 users = set(self.parents(bound))
-                for tup in [c for c in users if self.snap.is_tuple(c)]:
+                for tup in [c for c in users if c in self.snap.tuples]:
                     users |= self.parents(tup)  # output 0 of a multi-output node (through Out)
                 return sorted(users.intersection(candidates))
         return candidates
 
-    def match_rule(self, rule: Rule, limit: int | None = None, within: Sequence[set[int]] | None = None,
+    def match_rule(self, rule: Rule, limit: int | None = None, delta: Delta | None = None,
                    constants: frozenset[str] | None = None,
                    accept: Callable[[Subst], bool] | None = None) -> list[Subst]:
-        """All substitutions for the rule's roots (at most ``limit``); with ``within`` (a set of
-        e-classes per root), only those where some root ``i`` is in ``within[i]`` (incremental
-        matching: a match whose every root lies outside was found before). Semi-naive: search
-        ``i`` takes root ``i`` inside its set, the roots before it outside theirs, so no match is
-        found twice. ``constants``: :func:`required_constants` of the rule, when known.
+        """All substitutions for the rule's roots (at most ``limit``); with ``delta``, only those
+        that use one of its fresh e-nodes or bind one of its dirty e-classes (semi-naive matching:
+        every other match was one against the delta's snapshot). Multi-root rules: search ``i``
+        takes root ``i`` inside its :meth:`reach`, the roots before it outside theirs (where
+        nothing is new), so no match is found twice. ``constants``:
+        :func:`required_constants` of the rule, when known.
 
         ``accept`` (the rule's guard) filters the matches as they are found, so that only the
         ones it accepts count towards ``limit``: ``Mul(Elementwise(xs...), Elementwise(ys...))
         where len(xs) + len(ys) <= 8`` matched 120,000 pairs of bodies on t5_encoder_int8 and
         its guard refused 94% of them, which had banned the rule round after round.
         :attr:`refused` counts the matches ``accept`` turned down in this call."""
-        candidates = [self.candidates(root) for root in rule.roots]
+        found = [self._candidates_of(root) for root in rule.roots]
         self._constant_vars = required_constants(rule) if constants is None else constants
         self.refused = 0
+        self._enter(rule, delta)
         try:
-            if within is None:
-                return self._search(rule, limit, candidates, list(range(len(candidates))), accept)
+            n = len(rule.roots)
+            if delta is None:
+                return self._search(rule, limit, [listed for listed, _ in found], list(range(n)), accept)
             results: list[Subst] = []
-            for first in range(len(within)):
-                narrowed = [[c for c in candidates[i] if (c in within[i]) == (i == first)] if i <= first
-                            else candidates[i] for i in range(len(candidates))]
-                order = [first] + [i for i in range(len(candidates)) if i != first]
+            for first in range(n):
+                reach = [self._reach[id(root)] for root in rule.roots]
+                inside = reach[first]
+                narrowed = [sorted(inside & found[first][1]) if i == first else
+                            [c for c in found[i][0] if c not in reach[i]] if i < first else found[i][0]
+                            for i in range(n)]
+                order = [first] + [i for i in range(n) if i != first]
                 left = None if limit is None else limit - len(results)
-                results += self._search(rule, left, [narrowed[i] for i in order], order, accept)
+                results += self._search(rule, left, [narrowed[i] for i in order], order, accept, first)
                 if limit is not None and len(results) >= limit:
                     break
             return results
         finally:
             self._constant_vars = frozenset()
+            self._delta = None
+            self._reach = {}
 
     def _search(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int],
-                accept: Callable[[Subst], bool] | None = None) -> list[Subst]:
-        """The matches of the rule's roots taken in ``order`` among ``candidates`` (in that order)."""
-        search = _Search(rule, limit, candidates, order, accept)
+                accept: Callable[[Subst], bool] | None = None, first: int | None = None) -> list[Subst]:
+        """The matches of the rule's roots taken in ``order`` among ``candidates`` (in that order);
+        with a delta, ``first`` is the root taken inside its reach (:meth:`match_rule`)."""
+        search = _Search(rule, limit, candidates, order, accept, first)
         self._extend(search, 0, {})
         self.refused += search.refused
         return search.results
@@ -317,6 +513,8 @@ class Matcher:
         which kept every match of every rule alive until the cycle collector ran.)"""
         names = search.names
         if i == len(names):
+            if self._delta is not None and subst.pop(NEW, None) is None:
+                return False  # a match against the delta's snapshot already
             if search.accept is not None and not search.accept(subst):
                 search.refused += 1
                 return False
@@ -328,12 +526,14 @@ class Matcher:
             candidates = self._join_candidates(root, candidates, subst)
         earlier = [subst[names[j]] for j in range(i)]
         const_class = self.snap.const_class
+        # semi-naive: this root must be new where no later one can
+        need = self._delta is not None and NEW not in subst and not search.later_may_reach[i]
         for c in candidates:
             if c in earlier:
                 continue  # two roots of one match are different nodes
             if search.single_root and c in const_class:
                 continue  # a constant e-class costs nothing: no rewrite can improve it
-            for s in self.match_class(root, c, subst):
+            for s in self.match_class(root, c, subst, need=need):
                 s = dict(s)
                 s[names[i]] = EClassId(c)
                 if self._extend(search, i + 1, s):
@@ -360,17 +560,12 @@ def required_constants(rule: Rule) -> frozenset[str]:
     return frozenset(names)
 
 
-def pattern_depth(pattern) -> int:
-    """Levels of e-nodes a pattern reads: ``Relu(Conv(x, w))`` is 2, ``x`` is 0."""
-    return 0 if isinstance(pattern, PVar | PAbsent) else 1 + max((pattern_depth(a) for a in pattern.args), default=0)
-
-
 class _Search:
     """The state of one :meth:`Matcher.match_rule` call: the rule, the limit, each root's
     candidate e-classes and root names, the guard, and the matches found so far."""
 
     def __init__(self, rule: Rule, limit: int | None, candidates: list[list[int]], order: list[int],
-                 accept: Callable[[Subst], bool] | None = None):
+                 accept: Callable[[Subst], bool] | None = None, first: int | None = None):
         self.rule = rule
         self.limit = limit
         self.accept = accept  # the rule's guard, when matching filters by it
@@ -380,6 +575,9 @@ class _Search:
         self.names = [ROOT.format(i) for i in order]  # each root's own name, whatever the order
         self.single_root = len(rule.roots) == 1
         self.results: list[Subst] = []
+        #: per position searched: whether a root searched after it may be new (one after ``first``
+        #: in the rule's order; those before it lie outside their reach)
+        self.later_may_reach = [first is not None and any(j > first for j in order[k + 1:]) for k in range(len(order))]
 
 
 def _is_commutative_pair(p: POp) -> bool:

@@ -1,20 +1,27 @@
-"""Snapshots: the e-graph as plain Python data for matching and extraction, kept up to date
-between saturation rounds instead of re-read whole.
+"""Snapshots: the e-graph as plain Python data for matching and extraction, and the index that
+keeps it up to date between saturation rounds without reading the e-graph back.
 
-egglog holds the truth: which handles (``T.ref(i)``) share an e-class after its unions and
-congruence closure. The e-nodes are ours: every handle was made by one command,
-``union(T.ref(i), T.op(name, attrs, [T.ref(a), ...]))``, logged in ``EGraphState.term_log``.
-So a snapshot reads only egglog's handle table (one row per handle) and names each e-class by
-its smallest handle; an e-class's e-nodes are its handles' terms with the children named by
-their e-classes, duplicates dropped (congruence put equal terms in one e-class).
+egglog receives every command: ``union(T.ref(i), T.op(name, attrs, [T.ref(a), ...]))`` for each
+new handle, ``union(T.ref(a), T.ref(b))`` for each rewrite (``egraft/rewrite/egraph.py``). Its
+partition of the handles is the congruence closure of those unions: two handles share an e-class
+when a union says so, or when their terms have the same op and attributes and inputs in the same
+e-classes. :class:`EGraphIndex` computes that same closure in Python from the commands each flush
+sent, incrementally (egg's rebuild): a union moves the handles of the e-class with the larger name
+into the other and re-canonicalizes the terms that read them; a term whose canonical form (its
+inputs named by their e-classes) is already hash-consed merges into that e-class, which may merge
+further e-classes in turn. Reading egglog's handle table back instead cost 25-80 ms a round at
+6,900-10,000 e-nodes (the rows cross into Python one by one), most of DenseNet-121's rounds
+after the twentieth; the index's work is proportional to what changed. A test checks after every
+round that egglog's own tables hold the same e-nodes in the same e-classes.
 
-:class:`ClassTracker` keeps the e-classes from one snapshot to the next and rebuilds only
-those that changed: an e-class that took in handles (a merge, a new term) and the parents of a
-handle whose e-class got a new name. Read whole from egglog's tables, snapshots were 28% of
-DenseNet-121's saturation under the profiler; kept, one costs about 25 ms at 6,900 e-nodes,
-most of it reading the handle table. An e-class keeps its name until it merges into one with a
-smaller handle, so names are stable across rounds and independent of egglog's ids; an
-e-class's e-nodes are listed in the order of their handles (deterministic).
+An e-class is named by its smallest handle and keeps its name until it merges into one with a
+smaller handle, so names are stable across rounds and independent of egglog's ids; an e-class's
+e-nodes are its handles' canonical terms in the order of the handles, duplicates dropped
+(congruence put equal terms in one e-class). Besides the e-classes the index keeps what matching
+asks of every snapshot: each e-class's e-nodes by op, the e-classes holding each op, the users of
+each e-class (the e-nodes that read it), constants, placeholders, tuples and projections. A
+:class:`Snapshot` is a frozen copy: it copies the index's tables (shallow), and the index replaces
+an inner container instead of changing it, so a snapshot stays valid after later rounds.
 
 Example:
     >>> snap = state.snapshot()                       # doctest: +SKIP
@@ -25,7 +32,8 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -51,82 +59,230 @@ class ENode:
     children: tuple[int, ...]
 
 
-class ClassTracker:
-    """The e-classes of one e-graph as of its last snapshot, updated from egglog's handle table.
+@dataclass
+class Change:
+    """What one :meth:`EGraphIndex.update` changed.
+
+    Attributes:
+        dirty: the e-classes whose own properties, as a guard or a replacement reads them through a
+            variable bound to the e-class, may differ: a new name (a new e-class, or one renamed by
+            a merge), a merge of two e-classes held before (what the e-class equals), a new
+            constant. Filled by the index, which the state adds the e-classes whose compile-time
+            value changed to.
+        new_ops: the e-classes whose e-nodes' ops changed otherwise (what ``made_by`` reads).
+        changed: the e-classes that took in handles or whose e-nodes differ.
+        previous: for each e-class of ``changed`` held before under the same name, its e-nodes
+            before (what semi-naive matching tells new e-nodes from).
+    """
+
+    dirty: set[int]
+    new_ops: set[int] = field(default_factory=set)
+    changed: set[int] = field(default_factory=set)
+    previous: dict[int, list[ENode]] = field(default_factory=dict)
+
+
+class EGraphIndex:
+    """The e-classes of one e-graph, kept by congruence closure over the commands sent to egglog.
 
     Example:
-        >>> tracker = ClassTracker()
-        >>> tracker.add_terms([(0, "Input", "x", (), -1), (1, "Relu", "{}", (0,), -1)])
-        >>> changed = tracker.update([(0, "a"), (1, "b")])
-        >>> tracker.classes[1], sorted(changed)
-        ([ENode(op='Relu', domain='', attrs='{}', children=(0,))], [0, 1])
-        >>> sorted(tracker.update([(0, "a"), (1, "a")]))   # union(x, relu(x)): one e-class, named 0
-        [0]
-        >>> tracker.classes[0]
+        >>> index = EGraphIndex()
+        >>> index.term.update({0: ("Input", "", "x", ()), 1: ("Relu", "", "{}", (0,)), 2: ("Relu", "", "{}", (0,))})
+        >>> sorted(index.update([0, 1, 2], [], lambda c: False).changed)   # the two Relu(x) are one e-class
+        [0, 1]
+        >>> index.classes[1]
+        [ENode(op='Relu', domain='', attrs='{}', children=(0,))]
+        >>> index.term[3] = ("Exp", "", "{}", (1,))
+        >>> change = index.update([3], [(0, 2)], lambda c: False)   # x = Relu(x): one e-class, named 0
+        >>> sorted(change.changed), sorted(change.dirty), sorted(change.new_ops)   # 0 took in e-class 1; 3 is new
+        ([0, 3], [0, 3], [0])
+        >>> index.classes[0]
         [ENode(op='Input', domain='', attrs='x', children=()), ENode(op='Relu', domain='', attrs='{}', children=(0,))]
     """
 
     def __init__(self) -> None:
-        self.terms_read = 0  # entries of the term log taken in
-        self.term: dict[int, tuple[str, str, str, tuple[int, ...]]] = {}  # handle -> (op, domain, attrs, args)
-        self.users: dict[int, list[int]] = defaultdict(list)  # handle -> handles of the terms naming it
-        self.ref_class: dict[int, int] = {}  # handle -> e-class (its smallest handle)
+        #: handle -> (op, domain, attrs key, input handles): every term made, sent to egglog or not
+        self.term: dict[int, tuple[str, str, str, tuple[int, ...]]] = {}
+        self.ref_class: dict[int, int] = {}  # handle -> e-class, for the handles egglog holds
         self.members: dict[int, list[int]] = {}  # e-class -> its handles
         self.classes: dict[int, list[ENode]] = {}  # e-class -> its e-nodes
+        self.class_ops: dict[int, dict[str, tuple[ENode, ...]]] = {}  # e-class -> op -> its e-nodes of op
+        #: e-class -> {(e-class of an e-node reading it, that e-node's op): how many such inputs}
+        self.uses: dict[int, dict[tuple[int, str], int]] = {}
+        self.op_classes: dict[str, set[int]] = {}  # op -> the e-classes with an e-node of op
+        self.const_class: dict[int, str] = {}  # e-class -> the key of its constant
+        self.absent: set[int] = set()  # e-classes of omitted optional inputs
+        self.projected: set[int] = set()  # e-classes holding an output projection (Out)
+        self.tuples: set[int] = set()  # e-classes of multi-output nodes
+        self.num_nodes = 0
+        self._users: dict[int, list[int]] = defaultdict(list)  # handle -> the sent terms that read it
+        self._canonical: dict[int, ENode] = {}  # handle -> its term with inputs named by e-classes
+        self._memo: dict[ENode, int] = {}  # canonical term -> a handle that has it (hash-consing)
+        self._copied: set = set()  # inner containers replaced during this update (copy on write)
 
-    def add_terms(self, log) -> None:
-        """Take in the term-log entries ``(handle, name, attrs, args, application)`` not seen yet
-        (the log only grows past what was read: a cancelled application is always a new one)."""
-        for ref, name, key, args, _ in log[self.terms_read:]:
-            domain, _, op = name.rpartition("::")
-            self.term[ref] = (op, domain, key, args)
-            for a in args:
-                self.users[a].append(ref)
-        self.terms_read = len(log)
+    def _canon(self, ref: int) -> ENode:
+        op, domain, key, args = self.term[ref]
+        ref_class = self.ref_class
+        return ENode(op, domain, key, tuple([ref_class[a] for a in args]))
 
-    def update(self, handle_rows) -> set[int]:
-        """Read the partition ``(handle, egglog e-class)`` (every handle egglog holds) and rebuild
-        the e-classes it changed; return the names of those that changed (merged, new, or with
-        an e-node whose children were renamed)."""
-        smallest: dict = {}
-        pairs = []
-        for ref, value in handle_rows:
-            pairs.append((ref, value))
-            m = smallest.get(value)
-            if m is None or ref < m:
-                smallest[value] = ref
-        new = {ref: smallest[value] for ref, value in pairs}
-        old = self.ref_class
-        moved = [r for r, c in new.items() if old.get(r) != c]
-        for r in moved:  # the e-classes that merged into one with a smaller handle are gone
-            before = old.get(r)
-            if before is not None:
-                self.members.pop(before, None)
-                self.classes.pop(before, None)
-        changed: set[int] = set()
+    def update(self, new_refs: list[int], unions: list[tuple[int, int]], is_tuple: Callable[[int], bool]) -> Change:
+        """Take in the terms of ``new_refs`` and the ``unions`` that egglog was sent (in the order
+        sent, though the closure does not depend on it); close under congruence; rebuild the
+        e-classes that changed and say what changed (:class:`Change`). ``is_tuple(c)``: whether an
+        e-class named ``c`` holds a multi-output node."""
+        ref_class, members, canonical, memo = self.ref_class, self.members, self._canonical, self._memo
+        users = self._users
+        moved: list[int] = []
+        pending: list[tuple[int, int]] = []
+        for r in new_refs:
+            ref_class[r] = r
+            members[r] = [r]
+            moved.append(r)
+            for a in self.term[r][3]:
+                users[a].append(r)
+        for r in new_refs:
+            node = canonical[r] = self._canon(r)
+            other = memo.setdefault(node, r)
+            if other != r:
+                pending.append((other, r))
+        pending.extend(unions)
+        gone: list[int] = []
+        joined: list[int] = []  # e-classes that took in an e-class held before this update
+        while pending:
+            a, b = pending.pop()
+            ca, cb = ref_class[a], ref_class[b]
+            if ca == cb:
+                continue
+            if cb < ca:
+                ca, cb = cb, ca
+            losers = members.pop(cb)  # e-class cb merges into ca, the smaller name
+            members[ca].extend(losers)
+            for m in losers:
+                ref_class[m] = ca
+            moved.extend(losers)
+            gone.append(cb)
+            if cb in self.classes:
+                joined.append(ca)
+            for m in losers:  # the terms that read a moved handle: their canonical form changed
+                for u in users.get(m, ()):
+                    old = canonical[u]
+                    node = self._canon(u)
+                    if node == old:
+                        continue
+                    if memo.get(old) == u:
+                        del memo[old]
+                    canonical[u] = node
+                    other = memo.setdefault(node, u)
+                    if other != u and ref_class[other] != ref_class[u]:
+                        pending.append((other, u))  # congruence: equal terms, one e-class
+        change = Change({ref_class[c] for c in joined})
         affected: set[int] = set()
-        for r in moved:
-            c = new[r]
-            self.members.setdefault(c, []).append(r)
-            changed.add(c)
-            affected.add(c)
-            for user in self.users.get(r, ()):
-                uc = new.get(user)
-                if uc is not None:
-                    affected.add(uc)
+        for m in moved:
+            change.changed.add(ref_class[m])
+            for u in users.get(m, ()):
+                affected.add(ref_class[u])
+        affected |= change.changed
+        self._copied = set()
+        for c in gone:
+            nodes = self.classes.pop(c, None)
+            if nodes is not None:
+                self._forget(c, nodes)
         for c in affected:
-            members = self.members[c]
-            members.sort()
-            nodes: dict[ENode, None] = {}
-            for r in members:
-                op, domain, key, args = self.term[r]
-                nodes[ENode(op, domain, key, tuple([new[a] for a in args]))] = None
-            listed = list(nodes)
-            if c not in changed and listed != self.classes.get(c):
-                changed.add(c)
+            ms = members[c]
+            ms.sort()
+            listed = list(dict.fromkeys([canonical[m] for m in ms]))
+            old = self.classes.get(c)
+            before = None
+            if old is not None:
+                if c not in change.changed and listed == old:
+                    continue
+                change.previous[c] = old
+                before = (self.const_class.get(c), self.class_ops[c].keys())
+                self._forget(c, old)
+            change.changed.add(c)
             self.classes[c] = listed
-        self.ref_class = new
-        return changed
+            self._record(c, listed, is_tuple)
+            if before is None or before[0] != self.const_class.get(c):
+                change.dirty.add(c)  # a new name, or a new constant
+            elif before[1] != self.class_ops[c].keys():
+                change.new_ops.add(c)
+        for c in gone:  # its users were all re-canonicalized: nothing reads the old name
+            if not self.uses.get(c, True):
+                del self.uses[c]
+        self._copied = set()
+        return change
+
+    def _own(self, table: dict, key, empty):
+        """``table[key]``, replaced by a copy the first time this update changes it (a snapshot
+        may hold the one it replaces)."""
+        tag = (id(table), key)
+        if tag not in self._copied:
+            self._copied.add(tag)
+            table[key] = type(empty)(table.get(key, empty))
+        return table[key]
+
+    def _forget(self, c: int, nodes: list[ENode]) -> None:
+        """Take e-class ``c``'s e-nodes ``nodes`` out of the tables (before a rebuild or a merge)."""
+        self.num_nodes -= len(nodes)
+        for op in self.class_ops.pop(c):
+            self._own(self.op_classes, op, set()).discard(c)
+        for n in nodes:
+            for ch in n.children:
+                uses = self._own(self.uses, ch, {})
+                key = (c, n.op)
+                if uses[key] == 1:
+                    del uses[key]
+                else:
+                    uses[key] -= 1
+        self.const_class.pop(c, None)
+        self.absent.discard(c)
+        self.projected.discard(c)
+        self.tuples.discard(c)
+
+    def _record(self, c: int, nodes: list[ENode], is_tuple: Callable[[int], bool]) -> None:
+        """Enter e-class ``c`` with its e-nodes ``nodes`` into the tables."""
+        self.num_nodes += len(nodes)
+        ops: dict[str, list[ENode]] = {}
+        for n in nodes:
+            ops.setdefault(n.op, []).append(n)
+            for ch in n.children:
+                uses = self._own(self.uses, ch, {})
+                key = (c, n.op)
+                uses[key] = uses.get(key, 0) + 1
+            if n.op == CONST:
+                self.const_class[c] = n.attrs
+        self.class_ops[c] = {op: tuple(found) for op, found in ops.items()}
+        for op in ops:
+            self._own(self.op_classes, op, set()).add(c)
+        if ABSENT in ops:
+            self.absent.add(c)
+        if OUT in ops:
+            self.projected.add(c)
+        if is_tuple(c):
+            self.tuples.add(c)
+
+
+class _ByOp(Mapping):
+    """``snapshot.by_op[op]``: the ``(e-class, e-node)`` pairs of an op, e-classes in name order,
+    listed on first use (from the snapshot's tables, not the snapshot: no reference cycle)."""
+
+    def __init__(self, op_classes: dict[str, set[int]], class_ops: dict[int, dict[str, tuple[ENode, ...]]]):
+        self._op_classes = op_classes
+        self._class_ops = class_ops
+        self._listed: dict[str, list[tuple[int, ENode]]] = {}
+
+    def __getitem__(self, op: str) -> list[tuple[int, ENode]]:
+        listed = self._listed.get(op)
+        if listed is None:
+            if op not in self._op_classes:
+                raise KeyError(op)
+            listed = self._listed[op] = [(c, n) for c in sorted(self._op_classes[op]) for n in self._class_ops[c][op]]
+        return listed
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._op_classes)
+
+    def __len__(self) -> int:
+        return len(self._op_classes)
 
 
 class Snapshot:
@@ -134,32 +290,34 @@ class Snapshot:
     named by its smallest handle (``class_ref[c] == c``); ``changed`` names the e-classes that
     differ from the state's previous snapshot (all of them in the first)."""
 
-    def __init__(self, state: EGraphState, classes: dict[int, list[ENode]], ref_class: dict[int, int],
-                 changed: set[int] | None = None):
+    def __init__(self, state: EGraphState, index: EGraphIndex, change: Change):
         self.state = state
-        self.classes = classes
-        self.ref_class = ref_class
-        self.changed = set(classes) if changed is None else changed
-        self.class_ref: dict[int, int] = {c: c for c in classes}  # the first handle of each e-class
-        self.by_op: dict[str, list[tuple[int, ENode]]] = defaultdict(list)
-        for c, enodes in classes.items():
-            for n in enodes:
-                self.by_op[n.op].append((c, n))
-        self.const_class: dict[int, str] = {c: n.attrs for c, n in self.by_op.get(CONST, ())}
+        self.classes: dict[int, list[ENode]] = dict(index.classes)
+        self.ref_class: dict[int, int] = dict(index.ref_class)
+        #: what changed since the state's previous snapshot (everything, in the first)
+        self.change = change
+        self.changed = change.changed
+        self.class_ref: dict[int, int] = {c: c for c in self.classes}  # the first handle of each e-class
+        #: e-class -> op -> its e-nodes of that op (matching looks a pattern's op up in each e-class)
+        self.class_ops: dict[int, dict[str, tuple[ENode, ...]]] = dict(index.class_ops)
+        #: op -> the e-classes with an e-node of that op (a root pattern's candidates)
+        self.op_classes: dict[str, set[int]] = dict(index.op_classes)
+        #: e-class -> {(e-class of an e-node that reads it, that e-node's op): count}
+        self.uses: dict[int, dict[tuple[int, str], int]] = dict(index.uses)
+        self.by_op: Mapping[str, list[tuple[int, ENode]]] = _ByOp(self.op_classes, self.class_ops)
+        self.const_class: dict[int, str] = dict(index.const_class)
         #: The e-classes of omitted optional inputs (matching and costing ask for every input).
-        self.absent: set[int] = {c for c, _ in self.by_op.get(ABSENT, ())}
+        self.absent: set[int] = set(index.absent)
         #: The e-classes of multi-output nodes (matching asks for every e-class it visits).
-        self.tuples: set[int] = {c for c, ref in self.class_ref.items() if isinstance(state.ref_types[ref], tuple)}
+        self.tuples: set[int] = set(index.tuples)
         #: The e-classes holding an output projection ``Out`` (of a multi-output node).
-        self.projected: set[int] = {c for c, _ in self.by_op.get(OUT, ())}
+        self.projected: set[int] = set(index.projected)
+        self.num_nodes: int = index.num_nodes
         self.known: dict[int, np.ndarray] = {}
+        ref_class = self.ref_class
         for ref, value in state.known_values.items():
             if ref in ref_class:
                 self.known.setdefault(ref_class[ref], value)
-
-    @property
-    def num_nodes(self) -> int:
-        return sum(len(v) for v in self.classes.values())
 
     def type_of(self, c: int):
         return self.state.ref_types[self.class_ref[c]]
@@ -177,3 +335,7 @@ class Snapshot:
     def is_absent(self, c: int) -> bool:
         """True when e-class ``c`` stands for an omitted optional input."""
         return c in self.absent
+
+    def parents(self, c: int) -> set[int]:
+        """The e-classes with an e-node that takes e-class ``c`` as an input."""
+        return {p for p, _ in self.uses.get(c, ())}
