@@ -122,6 +122,13 @@ def _evidence(check) -> str:
     return "; ".join(parts)
 
 
+def _line(loc: str) -> str:
+    """``"egraft/rules/layout.rules:41:5"`` -> ``"layout.rules:41"`` (the example's file and line)."""
+    path, _, rest = loc.rpartition(":")
+    path, _, line = path.rpartition(":")
+    return f"{Path(path).name}:{line}" if path and line.isdigit() else loc
+
+
 @rules_app.command("test")
 def rules_test(
     files: Annotated[list[Path], typer.Argument(help="Rule files whose examples to run.")],
@@ -143,7 +150,7 @@ def rules_test(
         raise fail(str(e)) from None
     table = Table(title="rule examples")
     for col in ("rule", "example", "verdict", "error"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     styles = {"sound": "green", "unsound": "bold red", "failed": "bold red"}
     counts = {"sound": 0, "unsound": 0, "failed": 0}
     for f in loaded:
@@ -153,7 +160,7 @@ def rules_test(
                 error = check.reason
                 if check.status == "unsound" and check.trial is not None:
                     error = f"{error}; {check.trial.describe()}"
-                table.add_row(rule.name, check.loc, Text(check.status, style=styles[check.status]), Text(error))
+                table.add_row(rule.name, _line(check.loc), Text(check.status, style=styles[check.status]), Text(error))
     console.print(table)
     total = sum(counts.values())
     console.print(f"{total} example{'s' if total != 1 else ''}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))

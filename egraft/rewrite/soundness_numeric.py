@@ -178,7 +178,7 @@ class Comparison:
     unsound), the largest absolute and relative (to the root's largest magnitude) errors,
     and the allowance where the ratio was largest."""
 
-    ratio: float = 0.0
+    ratio: float = -1.0  # none yet
     abs_error: float = 0.0
     rel_error: float = 0.0
     allowed: float = 0.0
@@ -196,6 +196,7 @@ class Comparison:
             return
         g, w = got.astype(np.float64), want.astype(np.float64)
         if not w.size:
+            self._worst(0.0, 0.0, 0.0, 0.0, draw)
             return
         err = float(np.max(np.abs(g - w)))
         if np.isnan(err):
