@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 import egraft
 from egraft.optimize import optimize
 from egraft.rewrite.ast import ExampleAttrs, ExampleTensor, OpRef, PAbsent, PVar
-from egraft.rewrite.load import check_rule_file, expand_optional, expand_templates, load_rules
+from egraft.rewrite.load import check_rule_file, expand_associative, expand_optional, expand_templates, load_rules
 from egraft.rewrite.parser import RuleError, parse_rules
 
 
@@ -185,3 +185,39 @@ def test_example_errors_name_the_place():
     assert "is an attribute set" in error_of(base + "x = f32[1, 2, 3, 3], w = f32[2, 2, 1, 1], attrs = 1")
     assert "given twice" in error_of(base + "x = f32[1], x = f32[2], w = f32[2, 2, 1, 1]")
     assert "unexpected name 'x'; expected ':'" in error_of("rule r: Relu(x) => x example x = f32[1]")
+
+
+# ---- associative ops ---------------------------------------------------------------------
+def test_nested_associative_ops_match_however_grouped():
+    """``gelu_erf`` is written ``(x * (1 + erf(x / sqrt2))) * 0.5``; Mul being associative (and
+    commutative), its groupings are rules too, so an exporter's ``x * (0.5 * (1 + erf(...)))``
+    (no rule spells it) is one Gelu, which computes what onnxruntime does."""
+    rules = {r.name: r for f in load_rules() for r in f.rules}
+    assert {"gelu_erf/grouping1", "gelu_erf/grouping2"} <= set(rules) and "gelu_erf/grouping3" not in rules
+    consts = {"root2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+              "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Div", ["x", "root2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["one", "e"], ["p"]), helper.make_node("Mul", ["half", "p"], ["q"]),
+             helper.make_node("Mul", ["x", "q"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = optimize(egraft.load(model))
+    assert sum(v.applied for k, v in result.saturation.rules.items() if k.startswith("gelu_erf/grouping")) == 1
+    assert [n.op for n in result.graph.nodes] == ["Gelu"]
+    x = np.random.default_rng(2).normal(size=(5, 16)).astype(np.float32)
+    np.testing.assert_allclose(result.graph.run({"x": x})["y"], run_onnxruntime(model, {"x": x})["y"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_what_sees_the_grouping_is_not_regrouped():
+    """A root keeps its name through a regrouping (the whole product is the same value), an
+    inner node with attributes is left as written, and a non-associative op is never regrouped."""
+    named = one_rule("rule r: p = Mul(Mul(x, h), Erf(x)) where rank(x) == 2 => x")
+    assert [v.name for v in expand_associative(named)] == ["r", "r/grouping1", "r/grouping2"]
+    assert all(v.roots[0].bind == "p" for v in expand_associative(named))
+    attributed = one_rule("rule r: Max(com.egraft::Elementwise(x, h) {expr = e}, Erf(x)) => x")
+    assert expand_associative(attributed) == [attributed]
+    not_associative = one_rule("rule r: Sub(Sub(x, h), Erf(x)) => x")
+    assert expand_associative(not_associative) == [not_associative]

@@ -75,6 +75,10 @@ class OpDef:
         commutative: a two-input node computes the same with its inputs swapped (``Add``,
             ``Mul``, ``Max``...): a rule's pattern ``Add(MatMul(a, w), bias)`` then also
             matches ``Add(bias, MatMul(a, w))`` (see :mod:`egraft.rewrite.match`).
+        associative: two nested nodes compute the same however grouped (``(a + b) + c`` is
+            ``a + (b + c)``): a rule's pattern ``Mul(Mul(x, a), b)`` also matches ``Mul(x, Mul(a,
+            b))`` (:func:`egraft.rewrite.load.expand_associative`). Up to rounding, for floats:
+            a rule that regroups must be sound at the checker's tolerance.
     """
 
     name: str
@@ -89,6 +93,7 @@ class OpDef:
     folded_only: bool = False
     canonical: Callable | None = None
     commutative: bool = False
+    associative: bool = False
 
     @property
     def is_standard(self) -> bool:
@@ -126,10 +131,11 @@ def register_op(
     folded_only: bool = False,
     canonical: Callable | None = None,
     commutative: bool = False,
+    associative: bool = False,
 ) -> OpDef:
     """Add an op to the registry (or replace its entry) and return its definition."""
     op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function, folded_only=folded_only,
-               canonical=canonical, commutative=commutative)
+               canonical=canonical, commutative=commutative, associative=associative)
     _REGISTRY[(domain, name)] = op
     return op
 

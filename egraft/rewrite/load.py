@@ -51,8 +51,8 @@ from egraft.rewrite.builtins import BUILTINS
 from egraft.rewrite.builtins import DTYPE_NAMES as BUILTIN_DTYPES
 from egraft.rewrite.parser import LITERAL_NAMES, RuleError, parse_rules
 
-__all__ = ["RuleError", "check_rule_file", "expand_optional", "expand_templates", "load_rules", "shipped_rule_files",
-           "GUARD_FUNCTIONS", "REPLACEMENT_FUNCTIONS", "DTYPE_NAMES"]
+__all__ = ["RuleError", "check_rule_file", "expand_associative", "expand_optional", "expand_templates", "load_rules",
+           "shipped_rule_files", "GUARD_FUNCTIONS", "REPLACEMENT_FUNCTIONS", "DTYPE_NAMES"]
 
 #: Functions a ``where`` clause can call (the evaluator's table).
 GUARD_FUNCTIONS = frozenset(BUILTINS)
@@ -80,8 +80,8 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
 
     Returns:
         The files in load order (a file named twice is loaded once), each rule written with
-        ``for`` or optional operands expanded into the rules it stands for
-        (:func:`expand_templates`, :func:`expand_optional`).
+        ``for``, optional operands or nested associative ops expanded into the rules it stands for
+        (:func:`expand_templates`, :func:`expand_optional`, :func:`expand_associative`).
 
     Raises:
         RuleError: a file that cannot be read, a syntax error, a failed check, or a rule
@@ -108,7 +108,8 @@ def load_rules(paths: Iterable[str | Path] | None = None, include_shipped: bool 
             raise RuleError(f"cannot read rule file '{path}': {e.strerror or e}; check the path") from None
         rf = parsed_rules(text, str(path))
         check_rule_file(rf, opset)
-        rf = replace(rf, rules=tuple(v for r in rf.rules for t in expand_templates(r) for v in expand_optional(t)))
+        rf = replace(rf, rules=tuple(g for r in rf.rules for t in expand_templates(r) for v in expand_optional(t)
+                                     for g in expand_associative(v)))
         for rule in rf.rules:
             if rule.name in defined:
                 raise RuleError(f"duplicate rule name {rule.name!r}, first defined at {defined[rule.name]}; "
@@ -554,6 +555,92 @@ def expand_optional(rule: Rule) -> list[Rule]:
                 lets=tuple(Let(let.names, _expr_variant(let.value, absent), let.loc) for let in rule.lets),
                 results=tuple(_expr_variant(r, absent) for r in rule.results), examples=examples))
     return variants
+
+
+# ---- associative ops ---------------------------------------------------------------------
+#: At most this many groupings of one pattern node (and of one rule: the written one first).
+MAX_GROUPINGS = 6
+
+
+def _binary_of(p, op: str, domain: str) -> bool:
+    """``p`` is a plain two-input node of ``op`` that a regrouping may move (no name, no
+    attribute, no output index: nothing that sees the grouping)."""
+    return (isinstance(p, POp) and p.op == op and p.domain == domain and p.bind is None and not p.attrs
+            and p.attrs_rest is None and p.output == 0 and p.rest is None and len(p.args) == 2)
+
+
+def _rotations(p: POp) -> list[POp]:
+    """``p``'s regroupings at its own node: ``(x op y) op c`` -> ``x op (y op c)`` (and, the op
+    being commutative too, ``y op (x op c)``), and the mirror for a nested right operand."""
+    opdef = get_op(p.op, p.domain) if p.op is not None else None
+    if opdef is None or not opdef.associative or p.rest is not None or len(p.args) != 2 or p.attrs \
+            or p.attrs_rest is not None or p.output != 0:
+        return []
+    left, right = p.args
+    out = []
+    if _binary_of(left, p.op, p.domain):
+        pairs = [left.args, left.args[::-1]] if opdef.commutative else [left.args]
+        out += [replace(p, args=(x, replace(left, args=(y, right)))) for x, y in pairs]
+    if _binary_of(right, p.op, p.domain):
+        pairs = [right.args, right.args[::-1]] if opdef.commutative else [right.args]
+        out += [replace(p, args=(replace(right, args=(left, x)), y)) for x, y in pairs]
+    return out
+
+
+def _structure(p) -> tuple:
+    """A pattern's structure without source locations, a commutative node's two operands in one
+    order (the matcher tries both): two groupings with one structure match the same."""
+    if isinstance(p, PVar):
+        return ("var", p.name)
+    if isinstance(p, PAbsent):
+        return ("absent",)
+    args = tuple(_structure(a) for a in p.args)
+    opdef = get_op(p.op, p.domain) if p.op is not None else None
+    if opdef is not None and opdef.commutative and len(args) == 2 and p.rest is None:
+        args = tuple(sorted(args, key=repr))
+    return (p.op, p.domain, p.bind, p.output, p.rest, p.attrs_rest,
+            tuple((a.name, repr(a.literal), a.var) for a in p.attrs), args)
+
+
+def _groupings(p) -> list:
+    """``p`` and its regroupings at every associative node, the written one first (at most
+    :data:`MAX_GROUPINGS`)."""
+    if not isinstance(p, POp):
+        return [p]
+    options = [_groupings(a) for a in p.args]
+    frontier = [replace(p, args=tuple(c)) for c in itertools.islice(itertools.product(*options), MAX_GROUPINGS)]
+    found, seen = [], set()
+    while frontier and len(found) < MAX_GROUPINGS:
+        q = frontier.pop(0)
+        key = _structure(q)
+        if key not in seen:
+            seen.add(key)
+            found.append(q)
+            frontier.extend(_rotations(q))
+    return found
+
+
+def expand_associative(rule: Rule) -> list[Rule]:
+    """``rule`` and the rules that match its patterns regrouped at nested nodes of an
+    associative op (the op registry's ``associative``: ``Add``, ``Mul``, ``Max``, ``Min``,
+    ``Sum``, ``And``, ``Or``, ``Xor``, the ``Bitwise`` ops), named ``rule/grouping1``... The
+    matcher tries each commutative node in both orders, so with these a pattern of three
+    operands of one op finds them however an exporter grouped them. A node that is named
+    (``p = Add(...)``), has attributes or an output index is not regrouped.
+
+    Example::
+
+        >>> from egraft.rewrite.parser import parse_rules
+        >>> rule = parse_rules("rule r: Mul(Mul(x, h), Erf(x)) => x").rules[0]
+        >>> [(r.name, getattr(r.roots[0].args[0], "name", "Mul(...)")) for r in expand_associative(rule)]
+        [('r', 'Mul(...)'), ('r/grouping1', 'x'), ('r/grouping2', 'h')]
+    """
+    options = [_groupings(r) for r in rule.roots]
+    if all(len(o) == 1 for o in options):
+        return [rule]
+    combos = list(itertools.islice(itertools.product(*options), MAX_GROUPINGS))
+    return [rule] + [replace(rule, name=f"{rule.name}/grouping{i}", variant_of=rule.variant_of or rule.name,
+                             roots=tuple(roots)) for i, roots in enumerate(combos[1:], 1)]
 
 
 def _walk(e: Expr) -> Iterator[Expr]:

@@ -174,10 +174,11 @@ def _sym_floor_div(a, b):
     return np.asarray(a, dtype=object) // np.asarray(b, dtype=object)
 
 
-register_op("Add", infer=broadcast_of(), compute=_arith(np.add), symbolic=True, doc="a + b", commutative=True)
+register_op("Add", infer=broadcast_of(), compute=_arith(np.add), symbolic=True, doc="a + b", commutative=True,
+            associative=True)
 register_op("Sub", infer=broadcast_of(), compute=_arith(np.subtract), symbolic=True, doc="a - b")
 register_op("Mul", infer=broadcast_of(), compute=_arith(np.multiply), symbolic=True, doc="a * b",
-            commutative=True)
+            commutative=True, associative=True)
 register_op("Div", infer=broadcast_of(), compute=_arith(np.true_divide, _int_div), symbolic=True,
             doc="a / b (integer division truncates toward zero)")
 
@@ -208,11 +209,11 @@ def _bitshift(ctx, a, b):
 
 register_op("BitShift", infer=broadcast_of(), compute=_bitshift, doc="a << b or a >> b")
 register_op("BitwiseAnd", infer=broadcast_of(), compute=lambda ctx, a, b: [np.bitwise_and(a, b)], doc="a & b",
-            commutative=True)
+            commutative=True, associative=True)
 register_op("BitwiseOr", infer=broadcast_of(), compute=lambda ctx, a, b: [np.bitwise_or(a, b)], doc="a | b",
-            commutative=True)
+            commutative=True, associative=True)
 register_op("BitwiseXor", infer=broadcast_of(), compute=lambda ctx, a, b: [np.bitwise_xor(a, b)], doc="a ^ b",
-            commutative=True)
+            commutative=True, associative=True)
 
 
 def _compare(fn, relation: str):
@@ -241,7 +242,7 @@ for _name, _fn, _relation in [("Equal", np.equal, "eq"), ("Less", np.less, "lt")
 
 for _name, _fn in [("And", np.logical_and), ("Or", np.logical_or), ("Xor", np.logical_xor)]:
     register_op(_name, infer=broadcast_of(dtype=DType.BOOL), compute=lambda ctx, a, b, _f=_fn: [_f(a, b)],
-                doc=f"logical {_name.lower()}", commutative=True)
+                doc=f"logical {_name.lower()}", commutative=True, associative=True)
 
 
 def _where(ctx, c, a, b):
@@ -266,11 +267,11 @@ def _variadic(fn, mean=False):
 
 
 register_op("Max", infer=broadcast_of(), compute=_variadic(np.maximum), symbolic=False, doc="elementwise max",
-            commutative=True)
+            commutative=True, associative=True)
 register_op("Min", infer=broadcast_of(), compute=_variadic(np.minimum), symbolic=False, doc="elementwise min",
-            commutative=True)
+            commutative=True, associative=True)
 register_op("Sum", infer=broadcast_of(), compute=_variadic(np.add), doc="elementwise sum",
-            commutative=True)
+            commutative=True, associative=True)
 register_op("Mean", infer=broadcast_of(), compute=_variadic(np.add, mean=True), doc="elementwise mean",
             commutative=True)
 
