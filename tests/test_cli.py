@@ -267,6 +267,7 @@ def test_readme_tour_example_commands_run(tmp_path, monkeypatch):
         ["optimize", "docs/examples/mlp.onnx", "--rules", "docs/examples/mine.rules", "--rules-off", "fusion",
          "--shape", "batch=1"],
         ["rules", "check", "docs/examples/mine.rules"],
+        ["rules", "test", "docs/examples/mine.rules"],
     ]
     for args in commands:
         result = runner.invoke(app, args)
