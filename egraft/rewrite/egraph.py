@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from egglog import EGraph as EgglogGraph
 
-from egraft.ir.graph import Graph, Node, Value
+from egraft.ir.graph import Graph, Node, Value, content_hash
 from egraft.ir.types import TensorType
 from egraft.rewrite.snapshot import ABSENT, CONST, INPUT, LEAF_OPS, OUT, EGraphIndex, ENode, Snapshot
 
@@ -84,14 +84,16 @@ def _string(text: str) -> str:
 
 def attrs_key(attrs: dict[str, Any]) -> str:
     """A deterministic text key for an attribute dict (arrays by content hash)."""
-    return json.dumps({k: _encode_attr(attrs[k]) for k in sorted(attrs)}, sort_keys=True)
+    return json.dumps({k: v if type(v) in _PLAIN else _encode_attr(v) for k, v in attrs.items()}, sort_keys=True)
+
+
+#: Attribute values that are their own JSON data.
+_PLAIN = (str, int, bool)
 
 
 def _encode_attr(v):
     """An attribute value as JSON data for :func:`attrs_key` (a module function, not a
     closure that calls itself: that would be a reference cycle per key)."""
-    from egraft.ir.graph import content_hash
-
     if isinstance(v, np.ndarray):
         return {"tensor": content_hash(v)}
     if isinstance(v, Graph):
@@ -188,9 +190,11 @@ class EGraphState:
             cell = self._cells
         self.pending.append(("t", ref, self._intern(name), self._intern(key), cell))
 
-    def add_term(self, op: str, domain: str, attrs: dict, args: list[int], ttype) -> int:
-        """Queue ``op(args) {attrs}`` with a new handle of type ``ttype``; return the handle."""
-        key = attrs_key(attrs)
+    def add_term(self, op: str, domain: str, attrs: dict, args: list[int], ttype, key: str | None = None) -> int:
+        """Queue ``op(args) {attrs}`` with a new handle of type ``ttype``; return the handle.
+        ``key``: :func:`attrs_key` of ``attrs``, when the caller has it."""
+        if key is None:
+            key = attrs_key(attrs)
         self.ref_node_attrs.setdefault(key, dict(attrs))
         ref = self.new_ref(ttype)
         name = f"{domain}::{op}" if domain else op
@@ -224,8 +228,6 @@ class EGraphState:
         self._application = SOURCE
 
     def add_const(self, array: np.ndarray) -> int:
-        from egraft.ir.graph import content_hash
-
         key = content_hash(array)
         self.constants.setdefault(key, array)
         ref = self.add_leaf(CONST, key, TensorType.of(array))

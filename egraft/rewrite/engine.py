@@ -156,6 +156,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     snapshot = state.snapshot()
     constants = {r.name: required_constants(r) for r in rules}  # what matching may skip early
     fixed_order = fixed_order_nodes(rules)  # commutative nodes whose other order a rule spells
+    pattern_nodes: dict = {}  # what matching works out per pattern node, for every round
+    inferred: dict = {}  # what inference found per op and inputs, for every round
     # Semi-naive matching (module docstring): a rule matched completely against snapshot j next
     # finds only the matches that reach an e-class changed since.
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
@@ -172,8 +174,8 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     for iteration in range(1, budget.iterations + 1):
         changed = False
         any_banned = False
-        matcher = Matcher(snapshot, opset, fixed_order)
-        evaluator = Evaluator(state, snapshot, opset, fresh)
+        matcher = Matcher(snapshot, opset, fixed_order, pattern_nodes)
+        evaluator = Evaluator(state, snapshot, opset, fresh, inferred)
         deltas: dict[tuple[int, bool], Delta] = {}  # (snapshot a rule last matched, wide) -> what changed since
         current = len(news) - 1
         for rule in rules:

@@ -49,6 +49,7 @@ ROOT = "$root{}"
 MATCHED = "$matched"
 
 
+@cache
 def _attr_default(op: str, domain: str, name: str, opset: int):
     opdef = get_op(op, domain)
     if opdef is None:
@@ -128,6 +129,7 @@ class Delta:
             for n in nodes:
                 self.fresh_ops.setdefault(n.op, set()).add(c)
         self.reach: dict[tuple, set[int]] = {}
+        self.users: dict[tuple | str, dict[str, set[int]]] = {}  # shape -> op -> users of its reach
 
     @classmethod
     def since(cls, rounds: list[tuple[dict[int, set[ENode]], Change]], wide: bool = False) -> Delta:
@@ -172,6 +174,8 @@ def reads_ops(rule: Rule) -> bool:
 NEW = "$new"
 #: The e-node ops that a pattern of any op (``*``) does not stand for.
 _NOT_ANY = (OUT, ABSENT)
+#: The e-node ops that no op pattern matches (leaves; a variable stands for them).
+_LEAVES = ("Const", "Input")
 
 
 @cache
@@ -192,15 +196,34 @@ def _shape(pattern) -> tuple | str | None:
             pattern.bind is not None)
 
 
-class Matcher:
-    """Matches patterns against one snapshot. ``opset`` gives attribute defaults."""
+class _Node:
+    """What matching reads of one pattern node, worked out once: its shape (:func:`_shape`), the
+    attribute names it constrains, whether a commutative e-node is also tried with its inputs
+    swapped (:meth:`Matcher._swaps`), and whether it binds nothing (``_``, an absent input)."""
 
-    def __init__(self, snapshot: Snapshot, opset: int, fixed_order: frozenset[int] = frozenset()):
+    __slots__ = ("shape", "constrained", "swappable", "blank")
+
+    def __init__(self, pattern, fixed_order: frozenset[int]):
+        self.shape = _shape(pattern)
+        self.blank = self.shape is None
+        if isinstance(pattern, POp):
+            self.constrained = frozenset(ap.name for ap in pattern.attrs)
+            self.swappable = (len(pattern.args) == 2 and pattern.rest is None and id(pattern) not in fixed_order
+                              and not all(isinstance(a, PVar) for a in pattern.args))
+
+
+class Matcher:
+    """Matches patterns against one snapshot. ``opset`` gives attribute defaults. ``nodes``: what
+    is worked out per pattern node (by ``id``), shared by the matchers of one saturation run."""
+
+    def __init__(self, snapshot: Snapshot, opset: int, fixed_order: frozenset[int] = frozenset(),
+                 nodes: dict[int, tuple[Any, _Node]] | None = None):
         self.snap = snapshot
         self.opset = opset
         #: the pattern nodes (by ``id``) matched in their written input order only
         self.fixed_order = fixed_order
-        self._candidates: dict[tuple[str | None, int], tuple[list[int], set[int]]] = {}
+        self._nodes = {} if nodes is None else nodes
+        self._candidates: dict[tuple[str | None, int], set[int]] = {}
         #: the variables the rule being matched requires constant (:func:`required_constants`)
         self._constant_vars: frozenset[str] = frozenset()
         #: while matching with a delta: the delta, and per pattern node (by ``id``) its reach
@@ -209,14 +232,20 @@ class Matcher:
         #: the matches the last :meth:`match_rule` call's ``accept`` turned down
         self.refused = 0
 
+    def _node(self, pattern) -> _Node:
+        entry = self._nodes.get(id(pattern))
+        if entry is None:  # the pattern is kept with its entry, so that its id is not reused
+            entry = self._nodes[id(pattern)] = (pattern, _Node(pattern, self.fixed_order))
+        return entry[1]
+
     # ---- single patterns ----------------------------------------------------------------
     def match_class(self, pattern, c: int, subst: Subst, interior: bool = False, need: bool = False) -> Iterator[Subst]:
         """Every extension of ``subst`` under which ``pattern`` matches e-class ``c`` (an
         ``interior`` variadic pattern node tries at most :data:`INTERIOR_ALTERNATIVES` of the
         class's e-nodes of its op). With ``need`` (semi-naive matching: nothing else in the match
         can be new), only the extensions whose part here is (:class:`Delta`)."""
-        delta = self._delta
-        if isinstance(pattern, PVar):
+        if type(pattern) is PVar:
+            delta = self._delta
             if pattern.name == "_":
                 if not need:
                     yield subst
@@ -225,9 +254,10 @@ class Matcher:
                 return
             bound = subst.get(pattern.name)
             if bound is None:
-                if c in self.snap.tuples or c in self.snap.absent:
+                snap = self.snap
+                if c in snap.tuples or c in snap.absent:
                     return
-                if pattern.name in self._constant_vars and c not in self.snap.const_class:
+                if pattern.name in self._constant_vars and c not in snap.const_class:
                     return  # the guard's const() would refuse it
                 out = dict(subst)
                 out[pattern.name] = EClassId(c)
@@ -239,10 +269,18 @@ class Matcher:
             return
         if need and c not in self._reach[id(pattern)]:
             return
-        nodes = self._op_nodes(pattern, c)
+        snap = self.snap
+        if pattern.output == 0 and pattern.op is not None and c not in snap.projected and c not in snap.tuples:
+            nodes = snap.class_ops[c].get(pattern.op, ())  # the common case: the e-class's own e-nodes of the op
+            if interior and pattern.rest is not None:
+                nodes = _window(nodes)
+            for node in nodes:
+                yield from self._match_node(pattern, node, c, subst, need)
+            return
+        found = self._op_nodes(pattern, c)
         if interior and pattern.rest is not None:
-            nodes = iter(_window(list(nodes)))
-        for node, node_class, via in nodes:
+            found = iter(_window(list(found)))
+        for node, node_class, via in found:
             yield from self._match_node(pattern, node, node_class, subst, need, via)
 
     def _op_nodes(self, pattern: POp, c: int) -> Iterator[tuple[ENode, int, tuple | None]]:
@@ -266,36 +304,49 @@ class Matcher:
                 for tn in nodes:
                     yield tn, tup, (c, out)
 
-    def _is_fresh(self, c: int, node: ENode) -> bool:
-        fresh = self._delta.fresh.get(c)
-        return fresh is not None and node in fresh
-
     def _match_node(self, pattern: POp, node: ENode, node_class: int, subst: Subst,
                     need: bool = False, via: tuple | None = None) -> Iterator[Subst]:
-        if node.op in ("Const", "Input"):
+        if node.op in _LEAVES:
             return
+        snap = self.snap
         args = pattern.args
+        n_args = len(args)
         children = node.children
-        if pattern.rest is None and len(children) > len(args):
+        if pattern.rest is None and len(children) > n_args:
             # Trailing omitted optional inputs may be present as Absent.
-            extra = children[len(args):]
-            if not all(c in self.snap.absent for c in extra):
-                return
-            children = children[:len(args)]
-        if len(children) < len(args):
-            padded = list(children) + [None] * (len(args) - len(children))
-        else:
-            padded = list(children)
-        attrs = self.snap.attrs(node)
+            absent = snap.absent
+            for c in children[n_args:]:
+                if c not in absent:
+                    return
+            children = children[:n_args]
+        elif len(children) < n_args:
+            children = children + (None,) * (n_args - len(children))
+        rest = children[n_args:]
+        if rest and pattern.rest in self._constant_vars:
+            const_class = snap.const_class
+            for c in rest:
+                if c not in const_class:
+                    return  # the guard's const() would refuse it
+        info = self._node(pattern)
+        new = False
+        delta = self._delta
+        if delta is not None and NEW not in subst:
+            fresh = delta.fresh.get(node_class)
+            new = ((fresh is not None and node in fresh) or (via is not None and self._is_fresh(*via))
+                   or (pattern.bind is not None and node_class in delta.dirty)
+                   or (pattern.rest is not None and not delta.dirty.isdisjoint(rest)))
+            if need and not new:  # only an input can be new: is one in its pattern's reach?
+                reach = self._reach
+                if not any(cl is not None and cl in reach[id(p)] for p in args for cl in children[:n_args]):
+                    return
+        attrs = snap.attrs(node)
         base = dict(subst)
         base[MATCHED] = subst.get(MATCHED, ()) + ((node_class, node),)
         if pattern.bind is not None:
             if pattern.bind in base and base[pattern.bind] != node_class:
                 return
             base[pattern.bind] = EClassId(node_class)
-        constrained = set()
         for ap in pattern.attrs:
-            constrained.add(ap.name)
             value = attrs[ap.name] if ap.name in attrs else _attr_default(node.op, node.domain, ap.name, self.opset)
             if ap.var is not None:
                 if ap.var in base and not _same(base[ap.var], value):
@@ -304,41 +355,36 @@ class Matcher:
             elif not _same(value, ap.literal):
                 return
         if pattern.attrs_rest is not None:
-            rest = {k: v for k, v in attrs.items() if k not in constrained}
-            if pattern.attrs_rest in base and not _same_attrs(base[pattern.attrs_rest], rest, node.op,
+            constrained = info.constrained
+            captured = {k: v for k, v in attrs.items() if k not in constrained}
+            if pattern.attrs_rest in base and not _same_attrs(base[pattern.attrs_rest], captured, node.op,
                                                                    node.domain, self.opset):
                 return  # the same capture twice: the attribute sets must be equal
-            base[pattern.attrs_rest] = rest
+            base[pattern.attrs_rest] = captured
         if pattern.rest is not None:
-            rest = padded[len(args):]  # padding stops at len(args)
-            if pattern.rest in self._constant_vars and not all(c in self.snap.const_class for c in rest):
-                return  # the guard's const() would refuse it
             base[pattern.rest] = list(map(EClassId, rest))
-        delta = self._delta
-        if delta is not None and NEW not in base and (
-                self._is_fresh(node_class, node) or (via is not None and self._is_fresh(*via))
-                or (pattern.bind is not None and node_class in delta.dirty)
-                or (pattern.rest is not None and not delta.dirty.isdisjoint(padded[len(args):]))):
+        if new:
             base[NEW] = True
-        if need and NEW in base:
             need = False
-        yield from self._match_args(args, padded[:len(args)], base, need)
-        if self._swaps(pattern, node, padded):
-            yield from self._match_args(args, (padded[1], padded[0]), base, need)
+        yield from self._match_args(args, children, base, need)
+        if info.swappable and n_args == 2 and children[0] != children[1] and _commutative(node.op, node.domain):
+            yield from self._match_args(args, (children[1], children[0]), base, need)
 
-    def _swaps(self, pattern: POp, node: ENode, children: list) -> bool:
+    def _is_fresh(self, c: int, node: ENode) -> bool:
+        fresh = self._delta.fresh.get(c)
+        return fresh is not None and node in fresh
+
+    def _swaps(self, pattern: POp, node: ENode, children: Sequence) -> bool:
         """Whether a two-input commutative node is matched with its inputs swapped too: when
         they differ and the pattern's arguments are not both plain variables (those bind the
         other way round, which a rule written for one order does not need)."""
-        if len(pattern.args) != 2 or pattern.rest is not None or len(children) != 2 or children[0] == children[1]:
-            return False
-        if id(pattern) in self.fixed_order or all(isinstance(a, PVar) for a in pattern.args):
-            return False
-        return _commutative(node.op, node.domain)
+        return (self._node(pattern).swappable and len(children) == 2 and children[0] != children[1]
+                and _commutative(node.op, node.domain))
 
     def _match_args(self, patterns: Sequence, classes: Sequence, subst: Subst, need: bool = False) -> Iterator[Subst]:
         """The extensions of ``subst`` under which each of ``patterns`` matches the e-class beside
-        it; with ``need``, only those in which some of them is new (:class:`Delta`)."""
+        it (``classes`` may run on past them); with ``need``, only those in which one of them is
+        new (:class:`Delta`)."""
         if not patterns:
             yield subst
             return
@@ -348,7 +394,7 @@ class Matcher:
             reach = self._reach
             need_here = not any(cl is not None and cl in reach[id(p)] for p, cl in zip(patterns[1:], classes[1:]))
         if c is None or c in self.snap.absent:
-            if not need_here and (type(first) is PAbsent or (isinstance(first, PVar) and first.name == "_")):
+            if not need_here and (type(first) is PAbsent or (type(first) is PVar and first.name == "_")):
                 yield from self._match_args(patterns[1:], classes[1:], subst, need)
             return
         if type(first) is PAbsent:
@@ -365,7 +411,7 @@ class Matcher:
         such a tuple e-class). Only a root in this set can match differently since the delta's
         snapshot; matching prunes the inputs outside their sets. A superset (attributes and
         repeated variables are not looked at), memoized per pattern shape in ``delta``."""
-        return self._reach_of(_shape(pattern), delta)
+        return self._reach_of(self._node(pattern).shape, delta)
 
     def _reach_of(self, shape, delta: Delta) -> set[int]:
         if shape is None:
@@ -376,9 +422,6 @@ class Matcher:
         if found is not None:
             return found
         op, _, args, rest, bind = shape
-        below = set(delta.dirty) if rest else set()
-        for arg in args:
-            below |= self._reach_of(arg, delta)
         if op is None:
             found = set().union(*(cs for o, cs in delta.fresh_ops.items() if o not in _NOT_ANY))
         else:
@@ -386,16 +429,36 @@ class Matcher:
         found |= delta.fresh_ops.get(OUT, set())
         if bind:
             found |= delta.dirty
+        for arg in {*args, *(("v",) if rest else ())} - {None}:
+            users = self._users_of(arg, delta)
+            if op is None:
+                for o, parents in users.items():
+                    if o not in _NOT_ANY:
+                        found |= parents
+            else:
+                found |= users.get(op, set())
         uses = self.snap.uses
-        for c in below:
-            for parent, parent_op in uses.get(c, ()):
-                if parent_op == op or (op is None and parent_op not in _NOT_ANY):
-                    found.add(parent)
         for tup in found & self.snap.tuples:  # matched at the projections of its outputs
             for parent, parent_op in uses.get(tup, ()):
                 if parent_op == OUT:
                     found.add(parent)
         delta.reach[shape] = found
+        return found
+
+    def _users_of(self, shape, delta: Delta) -> dict[str, set[int]]:
+        """Per op, the e-classes with an e-node of that op reading an e-class in ``shape``'s reach
+        (one pass over their users serves every pattern with an input of that shape)."""
+        found = delta.users.get(shape)
+        if found is None:
+            found = delta.users[shape] = {}
+            uses = self.snap.uses
+            for c in self._reach_of(shape, delta):
+                for parent, op in uses.get(c, ()):
+                    parents = found.get(op)
+                    if parents is None:
+                        found[op] = {parent}
+                    else:
+                        parents.add(parent)
         return found
 
     def _enter(self, rule: Rule, delta: Delta | None) -> None:
@@ -408,22 +471,22 @@ class Matcher:
         while stack:
             p = stack.pop()
             self._reach[id(p)] = self.reach(p, delta)
-            if isinstance(p, POp):
+            if type(p) is POp:
                 stack.extend(p.args)
 
     # ---- rules --------------------------------------------------------------------------
     def candidates(self, pattern: POp) -> list[int]:
-        """E-classes whose e-nodes could match a root pattern, deterministic order.
-        Memoized by the pattern's op and output: many rules share a root op (every rule of
-        this snapshot asks), and the list depends on nothing else."""
-        return self._candidates_of(pattern)[0]
+        """E-classes whose e-nodes could match a root pattern, deterministic order."""
+        return sorted(self._candidates_of(pattern))
 
-    def _candidates_of(self, pattern: POp) -> tuple[list[int], set[int]]:
+    def _candidates_of(self, pattern: POp) -> set[int]:
+        """:meth:`candidates` as a set, memoized by the pattern's op and output: many rules share a
+        root op (every rule of this snapshot asks), and the set depends on nothing else."""
         key = (pattern.op, pattern.output)
-        if key not in self._candidates:
-            found = self._find_candidates(pattern)
-            self._candidates[key] = (sorted(found), found)
-        return self._candidates[key]
+        found = self._candidates.get(key)
+        if found is None:
+            found = self._candidates[key] = self._find_candidates(pattern)
+        return found
 
     def _find_candidates(self, pattern: POp) -> set[int]:
         snap = self.snap
@@ -473,19 +536,22 @@ class Matcher:
         its guard refused 94% of them, which had banned the rule round after round.
         :attr:`refused` counts the matches ``accept`` turned down in this call."""
         found = [self._candidates_of(root) for root in rule.roots]
-        self._constant_vars = required_constants(rule) if constants is None else constants
         self.refused = 0
+        if delta is not None and all(self.reach(root, delta).isdisjoint(c) for root, c in zip(rule.roots, found)):
+            return []  # no root can be new: the cheap answer for most rules in most rounds
+        self._constant_vars = required_constants(rule) if constants is None else constants
         self._enter(rule, delta)
         try:
             n = len(rule.roots)
             if delta is None:
-                return self._search(rule, limit, [listed for listed, _ in found], list(range(n)), accept)
+                return self._search(rule, limit, [sorted(c) for c in found], list(range(n)), accept)
             results: list[Subst] = []
+            reach = [self._reach[id(root)] for root in rule.roots]
             for first in range(n):
-                reach = [self._reach[id(root)] for root in rule.roots]
-                inside = reach[first]
-                narrowed = [sorted(inside & found[first][1]) if i == first else
-                            [c for c in found[i][0] if c not in reach[i]] if i < first else found[i][0]
+                inside = sorted(reach[first] & found[first])
+                if not inside:
+                    continue
+                narrowed = [inside if i == first else sorted(found[i] - reach[i]) if i < first else sorted(found[i])
                             for i in range(n)]
                 order = [first] + [i for i in range(n) if i != first]
                 left = None if limit is None else limit - len(results)

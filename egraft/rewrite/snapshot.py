@@ -118,6 +118,7 @@ class EGraphIndex:
         self._canonical: dict[int, ENode] = {}  # handle -> its term with inputs named by e-classes
         self._memo: dict[ENode, int] = {}  # canonical term -> a handle that has it (hash-consing)
         self._copied: set = set()  # inner containers replaced during this update (copy on write)
+        self._pending_uses: dict[int, dict[tuple[int, str], int]] = {}  # this update's changes to ``uses``
 
     def _canon(self, ref: int) -> ENode:
         op, domain, key, args = self.term[ref]
@@ -205,9 +206,7 @@ class EGraphIndex:
                 change.dirty.add(c)  # a new name, or a new constant
             elif before[1] != self.class_ops[c].keys():
                 change.new_ops.add(c)
-        for c in gone:  # its users were all re-canonicalized: nothing reads the old name
-            if not self.uses.get(c, True):
-                del self.uses[c]
+        self._apply_uses()  # a gone e-class's users were all re-canonicalized: it leaves the table
         self._copied = set()
         return change
 
@@ -220,19 +219,40 @@ class EGraphIndex:
             table[key] = type(empty)(table.get(key, empty))
         return table[key]
 
+    def _count_uses(self, c: int, nodes: list[ENode], sign: int) -> None:
+        """Count e-class ``c``'s e-nodes ``nodes`` in (``sign`` 1) or out (-1) of the users of
+        their inputs, as changes that :meth:`_apply_uses` makes once per input."""
+        pending = self._pending_uses
+        for n in nodes:
+            key = (c, n.op)
+            for ch in n.children:
+                counts = pending.get(ch)
+                if counts is None:
+                    counts = pending[ch] = {}
+                counts[key] = counts.get(key, 0) + sign
+
+    def _apply_uses(self) -> None:
+        for ch, counts in self._pending_uses.items():
+            uses = dict(self.uses.get(ch, ()))  # a copy: a snapshot may hold the one it replaces
+            for key, k in counts.items():
+                if k:
+                    k += uses.get(key, 0)
+                    if k:
+                        uses[key] = k
+                    else:
+                        del uses[key]
+            if uses:
+                self.uses[ch] = uses
+            else:
+                self.uses.pop(ch, None)
+        self._pending_uses = {}
+
     def _forget(self, c: int, nodes: list[ENode]) -> None:
         """Take e-class ``c``'s e-nodes ``nodes`` out of the tables (before a rebuild or a merge)."""
         self.num_nodes -= len(nodes)
         for op in self.class_ops.pop(c):
             self._own(self.op_classes, op, set()).discard(c)
-        for n in nodes:
-            for ch in n.children:
-                uses = self._own(self.uses, ch, {})
-                key = (c, n.op)
-                if uses[key] == 1:
-                    del uses[key]
-                else:
-                    uses[key] -= 1
+        self._count_uses(c, nodes, -1)
         self.const_class.pop(c, None)
         self.absent.discard(c)
         self.projected.discard(c)
@@ -243,13 +263,15 @@ class EGraphIndex:
         self.num_nodes += len(nodes)
         ops: dict[str, list[ENode]] = {}
         for n in nodes:
-            ops.setdefault(n.op, []).append(n)
-            for ch in n.children:
-                uses = self._own(self.uses, ch, {})
-                key = (c, n.op)
-                uses[key] = uses.get(key, 0) + 1
-            if n.op == CONST:
-                self.const_class[c] = n.attrs
+            found = ops.get(n.op)
+            if found is None:
+                ops[n.op] = [n]
+            else:
+                found.append(n)
+        const = ops.get(CONST)
+        if const is not None:
+            self.const_class[c] = const[-1].attrs
+        self._count_uses(c, nodes, 1)
         self.class_ops[c] = {op: tuple(found) for op, found in ops.items()}
         for op in ops:
             self._own(self.op_classes, op, set()).add(c)
