@@ -242,7 +242,7 @@ class _Checker:
         #: constants the guard compares with a decimal that float32 cannot hold exactly
         self.decimals = {rest_of.get(k, k) for k, v in hints.values.items() if float(np.float32(v)) != v}
 
-    def check(self, draft: Draft, primary: str, feed_list: list[dict] | None = None) -> Iterator[_Outcome]:
+    def check(self, draft: Draft, primary: str) -> Iterator[_Outcome]:
         """The outcomes of ``draft`` in value mode ``primary``, then while another mode could
         change the outcome: ``positive`` and ``wide+`` after inf or nan, ``random`` (constants
         not the guard's values) after a guard that reads values refused; none when it cannot run."""
@@ -250,7 +250,7 @@ class _Checker:
         while modes:
             mode = modes.pop(0)
             graph = realize(draft, mode, self.hints, self.rng, self.opset, self.rest_of)
-            drawn = feed_list or [feeds(graph, mode, self.rng) for _ in range(self.draws)]
+            drawn = [feeds(graph, mode, self.rng) for _ in range(self.draws)]
             try:
                 reference = graph.run(drawn[0])
             except Exception:

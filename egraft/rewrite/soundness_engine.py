@@ -46,7 +46,10 @@ class Refused:
 
 def apply_rule(rule: Rule, graph: Graph, opset: int, both: bool = False) -> Applied | Refused:
     """Match and build ``rule`` on ``graph`` as the engine does (no union), the instance's
-    own roots first (other matches inside the instance count too), and extract the programs."""
+    own roots first (other matches inside the instance count too), and extract the programs.
+
+    Example: ``apply_rule(rule, graph, 18).status == "guard"`` when the guard refuses every match.
+    """
     state = EGraphState.from_graph(graph)
     try:
         return _apply(state, rule, graph, opset, both)

@@ -36,7 +36,10 @@ def write_counterexample(rule: Rule, graph: Graph, feed: Mapping[str, np.ndarray
                          folder: Path) -> Path:
     """Apply ``rule`` to the instance ``graph`` once more and write the matched program and
     its replacement as one ONNX model (checked by ``onnx.checker``) with the draw ``feed``
-    beside it; returns the model's path. Raises ValueError when the rule does not apply."""
+    beside it; returns the model's path. Raises ValueError when the rule does not apply.
+
+    Example: ``write_counterexample(rule, graph, feed, 18, Path("out"))`` -> ``Path("out/relu_drop.onnx")``.
+    """
     from egraft.frontend.onnx_export import to_onnx
 
     applied = apply_rule(rule, graph, opset, both=True)

@@ -84,13 +84,16 @@ class Hints:
                     return False
         return True
 
-    def template(self, name: str, known: Callable[[str], tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    def template(self, name: str, known: Callable[[str], tuple[int, ...] | None],
+                 seen: tuple[str, ...] = ()) -> tuple[int, ...] | None:
         """The shape the guard gives ``name`` in terms of known shapes (``known(v)`` is the
         shape of variable ``v`` or None), or None.
 
         Example: with ``shape(s) == [1, dim(x, 1), 1, 1, dim(x, 4)]`` and ``x: [2, 2, 7, 5, 8]``,
         ``template("s", known) == (1, 2, 1, 1, 8)``.
         """
+        if name in seen:
+            return None
         dims = []
         for item in self.shapes.get(name, ()):
             if isinstance(item, int):
@@ -106,6 +109,11 @@ class Hints:
         for other in self.same_shape.get(name, ()):
             if known(other) is not None:
                 return known(other)
+        for other in self.same_shape.get(name, ()):  # shape(s2) == shape(s1), s1 sized by the guard
+            if other != name and other in self.shapes:
+                found = self.template(other, known, (*seen, name))
+                if found is not None:
+                    return found
         return None
 
     def adjust(self, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -156,7 +156,10 @@ def _attr_kinds(op: str, domain: str, opset: int) -> tuple[tuple[str, str, bool]
 
 
 def search_attr_names(op: str, domain: str, opset: int) -> frozenset[str] | None:
-    """The attribute names of a standard op at ``opset`` (None when onnx has no schema)."""
+    """The attribute names of a standard op at ``opset`` (None when onnx has no schema).
+
+    Example: ``"split" in search_attr_names("Split", "", 11)`` and not at opset 18.
+    """
     schema = _schema(op, domain, opset)
     return None if schema is None else frozenset(schema.attributes)
 
@@ -325,6 +328,8 @@ class Instances:
         self.steps = 0
         self.refusal = ""  # why the last candidate node was dropped
         self._probes: dict[tuple, np.ndarray] = {}
+        #: variables the guard gives others' shapes in terms of (``shape(s) == [1, dim(x, 1)]``)
+        self.anchors = {item[0] for items in hints.shapes.values() for item in items if isinstance(item, tuple)}
         self._probe_rng = np.random.default_rng(1)
 
     def drafts(self, family: Family, policy: str = "first") -> Iterator[Draft]:
@@ -363,13 +368,21 @@ class Instances:
 
     def _op(self, p: POp, draft: Draft) -> Iterator[tuple[Value, Draft]]:
         for op, domain, args in self._op_choices(p):
-            # ops first: a variable next to an op's output takes its shape from it
-            order = sorted(range(len(args)), key=lambda i: not isinstance(args[i], POp))
+            # first what holds a variable that the guard sizes others by (shape(s) == [1, dim(x, 1)]),
+            # then ops: a variable next to an op's output takes its shape from it
+            order = sorted(range(len(args)), key=lambda i: (not self._holds_anchor(args[i], draft),
+                                                            not isinstance(args[i], POp)))
             for inputs, found in self._args(op, domain, args, order, 0, (None,) * len(args), draft):
                 for attrs in self._attr_choices(p, op, domain, inputs, found):
                     result = self._node(p, op, domain, inputs, attrs, p.output, found)
                     if result is not None:
                         yield result
+
+    def _holds_anchor(self, p, draft: Draft) -> bool:
+        """``p`` holds a variable not yet placed that the guard sizes another by."""
+        if isinstance(p, PVar):
+            return p.name in self.anchors and p.name not in draft.vars
+        return isinstance(p, POp) and any(self._holds_anchor(a, draft) for a in p.args)
 
     def _op_choices(self, p: POp) -> Iterator[tuple[str, str, list]]:
         """(op, domain, argument patterns) for a pattern: ``*`` tries ANY_OPS, and an
