@@ -222,6 +222,19 @@ def test_each_pruning_step_removes_what_it_should_and_keeps_greedys_program():
     assert ex.cost == 4 == _brute_force(snap, table, roots) and ex.status == "optimal"
 
 
+def test_without_scipys_highs_bindings_milp_solves_the_same_program_without_a_start(monkeypatch):
+    """Where scipy has no bundled HiGHS bindings (before 1.15), scipy.optimize.milp solves the
+    same integer program, with no start: the same optimum, no warm start."""
+    monkeypatch.setattr(ilp, "_highs_bindings", lambda: None)
+    for _, snap, table, roots in itertools.islice(_cases(60), 25):
+        greedy = _greedy(snap, table, roots)
+        ex = ilp.extract_ilp(snap, None, roots, greedy=greedy)
+        _check(snap, table, roots, ex, _brute_force(snap, table, roots), greedy)
+        assert not ex.problem["warm_start"]
+    snap, table, roots = _layout_chain(12)
+    assert ilp.extract_ilp(snap, None, roots, greedy=_greedy(snap, table, roots)).cost == 12
+
+
 def test_a_bundled_model_is_solved_to_optimality_from_greedys_start():
     from egraft.extract.program import rebuild_outputs
     from egraft.testing.models import light_model_path

@@ -511,14 +511,23 @@ class _Outcome:
     started: bool = False
 
 
+def _highs_bindings():
+    """scipy's bundled HiGHS bindings (``scipy.optimize._highspy._core``, scipy >= 1.15: the
+    one way to hand HiGHS a start from scipy), or None."""
+    try:
+        from scipy.optimize._highspy import _core
+    except ImportError:
+        return None
+    return _core if hasattr(_core._Highs, "setSolution") else None
+
+
 def solve(form: Formulation, time_limit: float) -> _Outcome:
     """Solve ``form`` with HiGHS from its start vector (scipy's bundled bindings), or with
     ``scipy.optimize.milp`` and no start where those are missing."""
     if form.matrix.shape[1] == 0:
         return _Outcome(np.zeros(0), False, 0.0)  # nothing to choose: the outputs are leaves
-    try:
-        from scipy.optimize._highspy import _core as highs
-    except ImportError:  # pragma: no cover - scipy without its HiGHS bindings
+    highs = _highs_bindings()
+    if highs is None:
         return _solve_milp(form, time_limit)
     h = highs._Highs()
     for name, value in (("output_flag", False), ("time_limit", float(time_limit)), ("mip_rel_gap", MIP_REL_GAP),
@@ -560,7 +569,7 @@ def solve(form: Formulation, time_limit: float) -> _Outcome:
     return _Outcome(np.array(h.getSolution().col_value), limited, bound, "", started)
 
 
-def _solve_milp(form: Formulation, time_limit: float) -> _Outcome:  # pragma: no cover - fallback
+def _solve_milp(form: Formulation, time_limit: float) -> _Outcome:
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     result = milp(form.cost, constraints=LinearConstraint(form.matrix, form.lower, form.upper),
