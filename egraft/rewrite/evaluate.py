@@ -188,13 +188,17 @@ class Evaluator:
             except ValueError as err:
                 raise ReplacementFailed(f"{op}: {err}") from None
             inputs = [inputs[i] for i in positions]
-        values = [None if h is None else self._ir_value(h) for h in inputs]
+        facts = [None if h is None else self._facts(h) for h in inputs]
         key = attrs_key(attrs)
         known = self.scratch.known_values
-        signature = (op, domain, key, n_outputs, tuple(None if v is None else (v.type, v.const, id(known.get(v.name)))
-                                                        for v in values))
+        signature = (op, domain, key, n_outputs, tuple(None if f is None else (f[1], f[2], id(f[3])) for f in facts))
         inferred = self.inferred.get(signature)
         if inferred is None:
+            values = []
+            for f in facts:
+                if f is not None and f[3] is not None:
+                    known[f[0]] = f[3]
+                values.append(None if f is None else Value(f[0], f[1], const=f[2]))
             outs = tuple(Value(f"new{i}", TensorType(DType.FLOAT32, None)) for i in range(n_outputs))
             node = Node(op, tuple(values), outs, dict(attrs), domain=domain)
             made = self.fresh.count
@@ -238,18 +242,18 @@ class Evaluator:
             self.state.known_values[ref] = value
             self.scratch.known_values[value_name(ref)] = value
 
-    def _ir_value(self, h: Handle) -> Value:
-        name = value_name(h.ref)
-        key = self.state.ref_const.get(h.ref)
-        if key is None:
-            c = self.snap.ref_class.get(h.ref)
-            key = self.snap.const_class.get(c) if c is not None else None
-        known = self.state.known_values.get(h.ref)
-        if known is None and h.ref in self.snap.ref_class:
-            known = self.snap.known.get(self.snap.ref_class[h.ref])
-        if known is not None:
-            self.scratch.known_values[name] = known
-        return Value(name, self.type_of(h), const=key)
+    def _facts(self, h: Handle) -> tuple[str, TensorType, str | None, np.ndarray | None]:
+        """What inference reads of an input: its value's name, its type, its constant (content
+        key) and its compile-time value, if any."""
+        ref = h.ref
+        key = self.state.ref_const.get(ref)
+        c = self.snap.ref_class.get(ref)
+        if key is None and c is not None:
+            key = self.snap.const_class.get(c)
+        known = self.state.known_values.get(ref)
+        if known is None and c is not None:
+            known = self.snap.known.get(c)
+        return value_name(ref), self.type_of(h), key, known
 
     def fold(self, target) -> Handle:
         """Evaluate a node of e-class ``target`` whose inputs are all constants."""

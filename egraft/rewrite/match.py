@@ -199,17 +199,20 @@ def _shape(pattern) -> tuple | str | None:
 class _Node:
     """What matching reads of one pattern node, worked out once: its shape (:func:`_shape`), the
     attribute names it constrains, whether a commutative e-node is also tried with its inputs
-    swapped (:meth:`Matcher._swaps`), and whether it binds nothing (``_``, an absent input)."""
+    swapped (two inputs of a commutative op, not both plain variables: those bind the other way
+    round, which a rule written for one order does not need), and the ops its inputs' patterns need."""
 
-    __slots__ = ("shape", "constrained", "swappable", "blank")
+    __slots__ = ("shape", "constrained", "swappable", "child_ops")
 
     def __init__(self, pattern, fixed_order: frozenset[int]):
         self.shape = _shape(pattern)
-        self.blank = self.shape is None
         if isinstance(pattern, POp):
             self.constrained = frozenset(ap.name for ap in pattern.attrs)
             self.swappable = (len(pattern.args) == 2 and pattern.rest is None and id(pattern) not in fixed_order
                               and not all(isinstance(a, PVar) for a in pattern.args))
+            #: the inputs that must hold an e-node of an op of their own: (position, op)
+            self.child_ops = tuple((i, a.op) for i, a in enumerate(pattern.args)
+                                   if isinstance(a, POp) and a.op is not None and a.output == 0)
 
 
 class Matcher:
@@ -245,27 +248,9 @@ class Matcher:
         class's e-nodes of its op). With ``need`` (semi-naive matching: nothing else in the match
         can be new), only the extensions whose part here is (:class:`Delta`)."""
         if type(pattern) is PVar:
-            delta = self._delta
-            if pattern.name == "_":
-                if not need:
-                    yield subst
-                return
-            if need and c not in delta.dirty:
-                return
-            bound = subst.get(pattern.name)
-            if bound is None:
-                snap = self.snap
-                if c in snap.tuples or c in snap.absent:
-                    return
-                if pattern.name in self._constant_vars and c not in snap.const_class:
-                    return  # the guard's const() would refuse it
-                out = dict(subst)
-                out[pattern.name] = EClassId(c)
-                if delta is not None and c in delta.dirty:
-                    out[NEW] = True
-                yield out
-            elif bound == c:
-                yield subst
+            bound = self._bind(pattern, c, subst, need)
+            if bound is not None:
+                yield bound
             return
         if need and c not in self._reach[id(pattern)]:
             return
@@ -328,6 +313,12 @@ class Matcher:
                 if c not in const_class:
                     return  # the guard's const() would refuse it
         info = self._node(pattern)
+        # three in four e-nodes an input pattern looked at lacked its op (DenseNet-121): look first
+        direct = self._holds_ops(info, children)
+        swapped = (info.swappable and n_args == 2 and children[0] != children[1] and _commutative(node.op, node.domain)
+                   and self._holds_ops(info, (children[1], children[0])))
+        if not direct and not swapped:
+            return
         new = False
         delta = self._delta
         if delta is not None and NEW not in subst:
@@ -366,39 +357,85 @@ class Matcher:
         if new:
             base[NEW] = True
             need = False
-        yield from self._match_args(args, children, base, need)
-        if info.swappable and n_args == 2 and children[0] != children[1] and _commutative(node.op, node.domain):
+        if direct:
+            yield from self._match_args(args, children, base, need)
+        if swapped:
             yield from self._match_args(args, (children[1], children[0]), base, need)
+
+    def _holds_ops(self, info: _Node, children: Sequence) -> bool:
+        """Whether each input that an op pattern stands for holds an e-node of that op (an e-class
+        seen through ``Out`` counts as holding it: its tuple class is looked at later)."""
+        snap = self.snap
+        for i, op in info.child_ops:
+            c = children[i]
+            if c is None:
+                return False
+            if op not in snap.class_ops[c] and c not in snap.projected:
+                return False
+        return True
 
     def _is_fresh(self, c: int, node: ENode) -> bool:
         fresh = self._delta.fresh.get(c)
         return fresh is not None and node in fresh
 
-    def _swaps(self, pattern: POp, node: ENode, children: Sequence) -> bool:
-        """Whether a two-input commutative node is matched with its inputs swapped too: when
-        they differ and the pattern's arguments are not both plain variables (those bind the
-        other way round, which a rule written for one order does not need)."""
-        return (self._node(pattern).swappable and len(children) == 2 and children[0] != children[1]
-                and _commutative(node.op, node.domain))
+    def _bind(self, pattern: PVar, c: int, subst: Subst, need: bool) -> Subst | None:
+        """``subst`` with variable ``pattern`` bound to e-class ``c`` (itself, for ``_`` or a
+        variable bound to ``c`` already), or None where they disagree or, with ``need``, where
+        the binding is not new (:class:`Delta`)."""
+        delta = self._delta
+        name = pattern.name
+        if name == "_":
+            return None if need else subst
+        if need and c not in delta.dirty:
+            return None
+        bound = subst.get(name)
+        if bound is not None:
+            return subst if bound == c else None
+        snap = self.snap
+        if c in snap.tuples or c in snap.absent:
+            return None
+        if name in self._constant_vars and c not in snap.const_class:
+            return None  # the guard's const() would refuse it
+        out = dict(subst)
+        out[name] = EClassId(c)
+        if delta is not None and c in delta.dirty:
+            out[NEW] = True
+        return out
 
     def _match_args(self, patterns: Sequence, classes: Sequence, subst: Subst, need: bool = False) -> Iterator[Subst]:
         """The extensions of ``subst`` under which each of ``patterns`` matches the e-class beside
         it (``classes`` may run on past them); with ``need``, only those in which one of them is
-        new (:class:`Delta`)."""
+        new (:class:`Delta`). A variable binds here, without a generator of its own."""
         if not patterns:
             yield subst
             return
         first, c = patterns[0], classes[0]
+        last = len(patterns) == 1
         need_here = need and NEW not in subst
-        if need_here:  # unless an input after this one could still be new
+        if need_here and not last:  # unless an input after this one could still be new
             reach = self._reach
             need_here = not any(cl is not None and cl in reach[id(p)] for p, cl in zip(patterns[1:], classes[1:]))
+        kind = type(first)
         if c is None or c in self.snap.absent:
-            if not need_here and (type(first) is PAbsent or (type(first) is PVar and first.name == "_")):
-                yield from self._match_args(patterns[1:], classes[1:], subst, need)
+            if not need_here and (kind is PAbsent or (kind is PVar and first.name == "_")):
+                if last:
+                    yield subst
+                else:
+                    yield from self._match_args(patterns[1:], classes[1:], subst, need)
             return
-        if type(first) is PAbsent:
+        if kind is PAbsent:
             return  # an input is there where the pattern wants none
+        if kind is PVar:
+            bound = self._bind(first, c, subst, need_here)
+            if bound is not None:
+                if last:
+                    yield bound
+                else:
+                    yield from self._match_args(patterns[1:], classes[1:], bound, need)
+            return
+        if last:
+            yield from self.match_class(first, c, subst, interior=True, need=need_here)
+            return
         for s in self.match_class(first, c, subst, interior=True, need=need_here):
             yield from self._match_args(patterns[1:], classes[1:], s, need)
 

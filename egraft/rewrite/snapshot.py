@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -49,9 +49,10 @@ OUT = "Out"
 LEAF_OPS = (ABSENT, CONST, INPUT)
 
 
-@dataclass(frozen=True)
-class ENode:
-    """One e-node of a snapshot: op name and domain, attribute key, child e-classes."""
+class ENode(NamedTuple):
+    """One e-node of a snapshot: op name and domain, attribute key, child e-classes. (A named
+    tuple: the index makes and hashes one per term it canonicalizes, three times faster than as
+    a frozen dataclass.)"""
 
     op: str
     domain: str
