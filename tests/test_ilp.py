@@ -1,9 +1,10 @@
 """The exact extractor's pruning and formulation (egraft/extract/prune.py, egraft/extract/ilp.py):
 pruning never loses the optimum and the strengthened rows never cut off a program, checked
 against brute force and the unpruned ILP on random e-graphs (with cycles, layout-conversion
-pairs and fusion shortcuts); the LP relaxation stays tight on a chain of layout and fusion
-choices (it halved per level before); each pruning step on an e-graph made for it; a bundled
-model solved to optimality from greedy's start."""
+pairs and fusion shortcuts), also through scipy.optimize.milp where scipy's HiGHS bindings
+are missing; the LP relaxation's bound is the optimum on a chain of layout and fusion choices
+(under a quarter of it without the requirement rows); each pruning step on an e-graph made
+for it; a bundled model solved to optimality from greedy's start."""
 
 from __future__ import annotations
 
