@@ -240,13 +240,16 @@ def test_the_nodes_cost_model_extracts_fewer_ops_than_roofline(resnet_plans, tmp
     assert len(by_nodes["graph"]["nodes"]) <= len(by_time["graph"]["nodes"])
     # (Under nodes, Winograd and direct forms tie at one op each.)
     # The shipped cpu-host profile charges each Winograd call what it costs inside a model
-    # beyond its flops ([call_us]): ResNet-50's 3x3 stride-1 layers are too small to pay it,
-    # and all 13 run on the blocked direct convolution.
+    # beyond its flops ([call_us]): most of ResNet-50's 3x3 stride-1 layers are too small to
+    # pay it and run on the blocked direct convolution. How many depends on the host's vector
+    # width (Winograd's products run over whole vectors of tiles): none on AVX-512, the three
+    # 128-channel 28x28 layers on AVX2 (znver3), whose 8-wide vectors pad less.
     def direct_3x3(plan) -> list[str]:
         return [n["outputs"][0]["type"] for n in plan["graph"]["nodes"] if n["op"] == "com.egraft::ConvNCHWc"
                 and n["attrs"]["kernel_shape"] == [3, 3] and n["attrs"].get("strides", [1, 1]) == [1, 1]]
 
-    assert "WinogradConv" not in by_time["graph"]["ops"] and len(direct_3x3(by_time)) == 13
+    charged = by_time["graph"]["ops"].get("WinogradConv", 0)
+    assert charged in (0, 3) and charged + len(direct_3x3(by_time)) == 13
     # Without that cost the roofline runs them by Winograd (2.25x fewer multiplications), but
     # those on 7x7 images by the blocked direct convolution (Winograd's transforms would
     # outweigh its savings): 11 of 13.
