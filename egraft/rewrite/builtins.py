@@ -176,19 +176,10 @@ BUILTINS["opset"] = _opset
 
 
 
-def _constant_classes(snap) -> set[int]:
+def _constant_classes(snap) -> frozenset[int]:
     """The e-classes of ``snap`` that hold a constant or a node computed from constants only
-    (folded or not yet)."""
-    constant = set(snap.const_class)
-    changed = True
-    while changed:
-        changed = False
-        for c, nodes in snap.classes.items():
-            if c not in constant and any(n.op not in ("Input", "Absent") and all(ch in constant for ch in n.children)
-                                         for n in nodes):
-                constant.add(c)
-                changed = True
-    return constant
+    (folded or not yet): kept by the snapshot's index as the e-graph grows."""
+    return snap.constant_classes
 
 
 def _const_fed_classes(snap, ops: tuple[str, ...]) -> frozenset[int]:

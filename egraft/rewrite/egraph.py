@@ -70,10 +70,11 @@ _SCHEMA = """
 (rule ((egraft_NewUnion a b)) ((union (egraft_Ref a) (egraft_Ref b))) :ruleset egraft_load)
 (union (egraft_Cell 0) (egraft_Nil))
 """
-#: The request relations, by the tag of a queued command: ``("c", cell, tail, head)``,
-#: ``("t", ref, name id, key id, cell)``, ``("u", a, b)``.
+#: The request relations, by the tag of their rows: ``c`` (cell, tail, head), ``t`` (ref, name id,
+#: key id, cell), ``u`` (a, b). Queued commands are ``("t", ref)`` (a term, its rows made when
+#: egglog is sent them) and ``("u", a, b)``.
 _RELATIONS = {"c": "egraft_NewCell", "t": "egraft_NewTerm", "u": "egraft_NewUnion"}
-#: Commands sent per ``input``-and-run (a flush past its deadline stops between chunks).
+#: Queued commands sent per ``input``-and-run (egglog's memory grows with the rows of one batch).
 CHUNK = 4096
 
 
@@ -195,12 +196,19 @@ class EGraphState:
     def _queue_term(self, ref: int, name: str, key: str, args) -> None:
         domain, _, op = name.rpartition("::")
         self._index.term[ref] = (op, domain, key, tuple(args))
+        self.pending.append(("t", ref))  # its rows for egglog are made when egglog is sent them
+
+    def _term_rows(self, ref: int, rows: dict[str, list[str]]) -> None:
+        """The request rows of handle ``ref``'s term: a list cell per argument, the first the
+        outermost, then the term naming its op, attribute key and first cell."""
+        op, domain, key, args = self._index.term[ref]
         cell = 0
-        for a in reversed(args):  # the first argument is the outermost cell
+        for a in reversed(args):
             self._cells += 1
-            self.pending.append(("c", self._cells, cell, a))
+            rows["c"].append(f"{self._cells}\t{cell}\t{a}")
             cell = self._cells
-        self.pending.append(("t", ref, self._intern(name), self._intern(key), cell))
+        name = f"{domain}::{op}" if domain else op
+        rows["t"].append(f"{ref}\t{self._intern(name)}\t{self._intern(key)}\t{cell}")
 
     def add_term(self, op: str, domain: str, attrs: dict, args: list[int], ttype, key: str | None = None) -> int:
         """Queue ``op(args) {attrs}`` with a new handle of type ``ttype``; return the handle.
@@ -255,7 +263,7 @@ class EGraphState:
         for command in self.pending:
             if command[0] == "t":
                 self._sent_refs.append(command[1])
-            elif command[0] == "u":
+            else:
                 self._sent_unions.append((command[1], command[2]))
         self._backlog += self.pending
         self.pending.clear()
@@ -274,7 +282,10 @@ class EGraphState:
             for start in range(0, len(self._backlog), CHUNK):
                 rows: dict[str, list[str]] = {tag: [] for tag in _RELATIONS}
                 for command in self._backlog[start:start + CHUNK]:
-                    rows[command[0]].append("\t".join(map(str, command[1:])))
+                    if command[0] == "u":
+                        rows["u"].append(f"{command[1]}\t{command[2]}")
+                    else:
+                        self._term_rows(command[1], rows)
                 program = []
                 for tag, lines in rows.items():
                     if lines:

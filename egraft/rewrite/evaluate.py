@@ -191,7 +191,9 @@ class Evaluator:
         facts = [None if h is None else self._facts(h) for h in inputs]
         key = attrs_key(attrs)
         known = self.scratch.known_values
-        signature = (op, domain, key, n_outputs, tuple(None if f is None else (f[1], f[2], id(f[3])) for f in facts))
+        # a type by its dtype's id (a singleton: DType's hash is Python code) and its shape
+        inputs_seen = tuple(None if f is None else (id(f[1].dtype), f[1].shape, f[2], id(f[3])) for f in facts)
+        signature = (op, domain, key, n_outputs, inputs_seen)
         inferred = self.inferred.get(signature)
         if inferred is None:
             values = []
@@ -199,8 +201,7 @@ class Evaluator:
                 if f is not None and f[3] is not None:
                     known[f[0]] = f[3]
                 values.append(None if f is None else Value(f[0], f[1], const=f[2]))
-            outs = tuple(Value(f"new{i}", TensorType(DType.FLOAT32, None)) for i in range(n_outputs))
-            node = Node(op, tuple(values), outs, dict(attrs), domain=domain)
+            node = Node(op, tuple(values), _placeholders(n_outputs), dict(attrs), domain=domain)
             made = self.fresh.count
             for i in range(n_outputs):
                 known.pop(f"new{i}", None)
@@ -327,6 +328,12 @@ class Evaluator:
             attrs.update(self._value(spread, subst, env))
         kwargs = {k: self.eval(v, subst, env, True) for k, v in call.kwargs}
         return self.call_op(call.func, call.domain, args, kwargs, attrs, n_outputs=len(let.names))
+
+
+@lru_cache(maxsize=16)
+def _placeholders(n: int) -> tuple[Value, ...]:
+    """The output values of a node being inferred, ``new0``... (values are immutable)."""
+    return tuple(Value(f"new{i}", TensorType(DType.FLOAT32, None)) for i in range(n))
 
 
 def _splat(values: list) -> list:

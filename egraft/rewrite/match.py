@@ -85,15 +85,11 @@ def fresh_nodes(snapshot: Snapshot) -> dict[int, set[ENode]]:
     that became one make room for another)."""
     change = snapshot.change
     fresh: dict[int, set[ENode]] = {}
-    for c in change.changed:
-        nodes = snapshot.classes[c]
+    for c, added in change.added.items():
+        new = set(added)
         old = change.previous.get(c)
-        if old is None:
-            fresh[c] = set(nodes)
-            continue
-        before = set(old)
-        new = {n for n in nodes if n not in before}
-        if len(old) > INTERIOR_ALTERNATIVES or len(nodes) > INTERIOR_ALTERNATIVES:
+        if old is not None and max(len(old), len(snapshot.classes[c])) > INTERIOR_ALTERNATIVES:
+            nodes = snapshot.classes[c]
             for op in {n.op for n in nodes} | {None}:
                 listed, was = ([n for n in x if (n.op == op if op is not None else n.op not in _NOT_ANY)]
                                for x in (nodes, old))
