@@ -163,7 +163,6 @@ class EGraphState:
         self._index = EGraphIndex()  # the e-classes as of the last snapshot
         self._sent_refs: list[int] = []  # handles whose term was flushed since the last snapshot
         self._sent_unions: list[tuple[int, int]] = []  # unions flushed since the last snapshot
-        self._known: dict[int, np.ndarray] = {}  # the last snapshot's compile-time values by e-class
         self.output_refs: list[int] = []
         self.input_refs: dict[str, int] = {}
         self.absent_ref: int | None = None
@@ -350,12 +349,7 @@ class EGraphState:
         (``egraft/rewrite/snapshot.py``). egglog is not read back."""
         change = self._index.update(self._sent_refs, self._sent_unions, self._is_tuple)
         self._sent_refs, self._sent_unions = [], []
-        snapshot = Snapshot(self, self._index, change)
-        for c, value in snapshot.known.items():  # a compile-time value is a property of the e-class too
-            if self._known.get(c) is not value:
-                change.dirty.add(c)
-        self._known = snapshot.known
-        return snapshot
+        return Snapshot(self, self._index, change)
 
     def _is_tuple(self, c: int) -> bool:
         return isinstance(self.ref_types[c], tuple)

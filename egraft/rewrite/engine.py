@@ -9,12 +9,12 @@ iteration, e-node or time budget; the report says which.
 
 Matching is semi-naive: a rule that matched completely against snapshot ``j`` next finds only
 the matches that use an e-node new since (a new term, or one whose inputs were renamed by a merge)
-or bind a variable to an e-class whose own properties changed (a new name, a merge, a new
-constant): every other match was a match then, with the same guard and the same replacement
-(``egraft/rewrite/match.py``, :class:`~egraft.rewrite.match.Delta`). Snapshots come from the
-state's index, which follows egglog's congruence closure without reading egglog back
-(``egraft/rewrite/snapshot.py``). A test checks that semi-naive and full matching end in the same
-e-graph.
+or bind a variable to an e-class whose properties that the rule's guard reads changed (a new
+constant for ``const``, new ops for ``made_by``, a merge for ``original``): every other match was a
+match then, with the same guard and the same replacement (``egraft/rewrite/match.py``,
+:class:`~egraft.rewrite.match.Delta`). Snapshots come from the state's index, which follows
+egglog's congruence closure without reading egglog back (``egraft/rewrite/snapshot.py``). Tests
+check that semi-naive and full matching end in the same e-graph.
 
 Example:
     >>> state = EGraphState.from_graph(graph)                        # doctest: +SKIP
@@ -42,7 +42,7 @@ from egraft.rewrite.match import (
     Matcher,
     fixed_order_nodes,
     fresh_nodes,
-    reads_ops,
+    reads_classes,
     required_constants,
 )
 from egraft.rewrite.snapshot import Change
@@ -176,7 +176,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     # finds only the matches that reach an e-class changed since.
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
     news: list[tuple[dict, Change]] = [({}, snapshot.change)]  # per snapshot: its fresh e-nodes and changes
-    wide = {r.name for r in rules if reads_ops(r)}  # rules for which an e-class that gains an op is new
+    reads = {r.name: reads_classes(r) for r in rules}  # what a rule's guard reads of a bound e-class
     nodes_before = snapshot.num_nodes
     stop = "iteration limit"
     iteration = 0
@@ -187,7 +187,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         any_banned = False
         matcher = Matcher(snapshot, opset, fixed_order, pattern_nodes)
         evaluator = Evaluator(state, snapshot, opset, fresh, inferred)
-        deltas: dict[tuple[int, bool], Delta] = {}  # (snapshot a rule last matched, wide) -> what changed since
+        deltas: dict[tuple, Delta] = {}  # (snapshot a rule last matched, what it reads) -> what changed since
         current = len(news) - 1
         for rule in rules:
             if deadline.passed():
@@ -200,7 +200,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
             t0 = time.perf_counter()
             delta = None
             if name in matched_at:
-                key = (matched_at[name], name in wide)
+                key = (matched_at[name], reads[name])
                 if key not in deltas:
                     deltas[key] = Delta.since(news[key[0] + 1:current + 1], key[1])
                 delta = deltas[key]

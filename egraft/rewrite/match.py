@@ -110,12 +110,13 @@ def _window(nodes: list) -> list:
 class Delta:
     """What changed since a rule last matched completely (semi-naive matching): per e-class the
     e-nodes a match could not use then (:func:`fresh_nodes` of each snapshot since), and the
-    e-classes whose own properties changed (``dirty``, :class:`~egraft.rewrite.snapshot.Change`:
-    a variable bound to one may pass a guard that refused it; with ``wide``, for a rule whose guard
-    reads which ops an e-class holds, those whose ops changed too). A match that uses none of those
+    e-classes whose properties that the rule's guard reads changed (``dirty``; :func:`reads_classes`):
+    a variable bound to one may pass a guard that refused it. A match that uses none of those
     e-nodes and binds none of those e-classes was a match then, with the same guard and the same
-    replacement. Per pattern shape, the e-classes from which a match could reach them
-    (:meth:`Matcher.reach`), shared by the rules matched with the same delta."""
+    replacement (an e-class with a new name is read through an e-node that names it: a fresh one;
+    a replacement that failed fails again, and one that was built is not built twice). Per pattern
+    shape, the e-classes from which a match could reach them (:meth:`Matcher.reach`), shared by
+    the rules matched with the same delta."""
 
     def __init__(self, fresh: dict[int, set[ENode]], dirty: set[int]):
         self.fresh = fresh
@@ -128,8 +129,9 @@ class Delta:
         self.users: dict[tuple | str, dict[str, set[int]]] = {}  # shape -> op -> users of its reach
 
     @classmethod
-    def since(cls, rounds: list[tuple[dict[int, set[ENode]], Change]], wide: bool = False) -> Delta:
-        """The delta of several snapshots' :func:`fresh_nodes` and changes together."""
+    def since(cls, rounds: list[tuple[dict[int, set[ENode]], Change]], reads: frozenset[str] = frozenset()) -> Delta:
+        """The delta of several snapshots' :func:`fresh_nodes` and changes together, for a rule
+        whose guard reads ``reads`` of a bound e-class (:func:`reads_classes`)."""
         fresh: dict[int, set[ENode]] = {}
         dirty: set[int] = set()
         for nodes_of, change in rounds:
@@ -138,21 +140,39 @@ class Delta:
             else:
                 for c, nodes in nodes_of.items():
                     fresh.setdefault(c, set()).update(nodes)
-            dirty |= change.dirty
-            if wide:
-                dirty |= change.new_ops
+            for kind in reads:
+                dirty |= getattr(change, _CHANGES[kind])
         return cls(fresh, dirty)
 
 
-def reads_ops(rule: Rule) -> bool:
-    """Whether the rule's guard asks which ops an e-class holds (``made_by``): then an e-class
-    bound to a variable is new to the rule when it gains an op (:class:`Delta`)."""
+#: What a guard builtin reads of a bound e-class beyond its type (which the e-class's name fixes):
+#: "const" its constant, "ops" its e-nodes' ops, "handles" the handles it holds (a merge brings in
+#: more). The others read nothing of it (values, types), or only what cannot turn a refusal into
+#: an acceptance as the e-graph grows: ``distinct`` and ``independent`` only turn false, ``before``
+#: compares handles, and ``feeds_const`` (written ``not feeds_const``) only refuses more.
+_READS = {"const": "const", "value": "const", "all_equal": "const", "made_by": "ops", "original": "handles"}
+_READS_NOTHING = frozenset({
+    "rank", "shape", "dim", "dtype", "static", "numel", "is_symbolic", "dims_at", "known_dims", "is_float",
+    "static_spatial", "abs", "float", "int", "len", "max", "min", "range", "str", "get", "full_perm",
+    "compose_perm", "inverse_perm", "shift_inputs", "opset", "distinct", "independent", "before", "feeds_const"})
+#: The :class:`~egraft.rewrite.snapshot.Change` field of each kind of read.
+_CHANGES = {"const": "new_const", "ops": "new_ops", "handles": "joined"}
+
+
+def reads_classes(rule: Rule) -> frozenset[str]:
+    """What the rule's guard reads of a bound e-class beyond its type: "const", "ops", "handles"
+    (:data:`_READS`; a builtin not known to read nothing counts as reading all three). An e-class
+    whose such property changed is new to the rule (:class:`Delta`); a compile-time value is read
+    only by replacements, and the rewrites of a match are built once."""
+    found: set[str] = set()
     stack = [rule.guard]
     while stack:
         e = stack.pop()
         if isinstance(e, ECall):
-            if e.func == "made_by":
-                return True
+            if e.func in _READS:
+                found.add(_READS[e.func])
+            elif e.func not in _READS_NOTHING:
+                found.update(_CHANGES)
             stack += [*e.args, *(v for _, v in e.kwargs)]
         elif isinstance(e, EBinary):
             stack += [e.left, e.right]
@@ -162,7 +182,7 @@ def reads_ops(rule: Rule) -> bool:
             stack += e.items
         elif isinstance(e, EIndex):
             stack += [e.base, *(e.index if isinstance(e.index, tuple) else (e.index,))]
-    return False
+    return frozenset(found)
 
 
 #: The key under which a partial substitution records that it uses a fresh e-node or binds a dirty

@@ -66,13 +66,15 @@ class ENode(NamedTuple):
 class Change:
     """What one :meth:`EGraphIndex.update` changed.
 
+    A variable bound to an e-class whose name is new needs no mark of its own: the e-node that
+    reads it (a matched one) names it, so that e-node is new too (``added``). The marks below
+    are for what a guard or a replacement reads of an e-class that keeps its name.
+
     Attributes:
-        dirty: the e-classes whose own properties, as a guard or a replacement reads them through a
-            variable bound to the e-class, may differ: a new name (a new e-class, or one renamed by
-            a merge), a merge of two e-classes held before (what the e-class equals), a new
-            constant. Filled by the index, which the state adds the e-classes whose compile-time
-            value changed to.
-        new_ops: the e-classes whose e-nodes' ops changed otherwise (what ``made_by`` reads).
+        new_const: e-classes whose constant changed (that became constant, mostly).
+        joined: e-classes that took in an e-class held before (the handles they hold: what
+            ``original`` reads).
+        new_ops: e-classes whose e-nodes' ops changed (what ``made_by`` reads).
         changed: the e-classes that took in handles or whose e-nodes differ.
         previous: for each e-class of ``changed`` held before under the same name, its e-nodes
             before.
@@ -80,7 +82,8 @@ class Change:
             new name's): what semi-naive matching takes for new.
     """
 
-    dirty: set[int]
+    new_const: set[int] = field(default_factory=set)
+    joined: set[int] = field(default_factory=set)
     new_ops: set[int] = field(default_factory=set)
     changed: set[int] = field(default_factory=set)
     previous: dict[int, list[ENode]] = field(default_factory=dict)
@@ -99,8 +102,8 @@ class EGraphIndex:
         [ENode(op='Relu', domain='', attrs='{}', children=(0,))]
         >>> index.term[3] = ("Exp", "", "{}", (1,))
         >>> change = index.update([3], [(0, 2)], lambda c: False)   # x = Relu(x): one e-class, named 0
-        >>> sorted(change.changed), sorted(change.dirty), sorted(change.new_ops)   # 0 took in e-class 1; 3 is new
-        ([0, 3], [0, 3], [0])
+        >>> sorted(change.changed), sorted(change.joined), sorted(change.new_ops)   # 0 took in e-class 1; 3 is new
+        ([0, 3], [0], [0])
         >>> index.classes[0]
         [ENode(op='Input', domain='', attrs='x', children=()), ENode(op='Relu', domain='', attrs='{}', children=(0,))]
     """
@@ -183,7 +186,7 @@ class EGraphIndex:
                     other = memo.setdefault(node, u)
                     if other != u and ref_class[other] != ref_class[u]:
                         pending.append((other, u))  # congruence: equal terms, one e-class
-        change = Change({ref_class[c] for c in joined})
+        change = Change(joined={ref_class[c] for c in joined})
         affected: set[int] = set()
         for m in moved:
             change.changed.add(ref_class[m])
@@ -202,7 +205,6 @@ class EGraphIndex:
             old = self.classes.get(c)
             if old is None:
                 added, removed = listed, ()
-                change.dirty.add(c)  # a new name
             else:
                 if c not in change.changed and listed == old:
                     continue
@@ -219,7 +221,7 @@ class EGraphIndex:
                 if is_tuple(c):  # a name keeps its type: only a new one is looked at
                     self.tuples.add(c)
             elif const != self.const_class.get(c):
-                change.dirty.add(c)  # a new constant
+                change.new_const.add(c)
             elif ops != self.class_ops[c].keys():
                 change.new_ops.add(c)
         self._apply_uses()  # a gone e-class's users were all re-canonicalized: it leaves the table
