@@ -192,11 +192,6 @@ class EGraphState:
             i = self._interned[text] = len(self._interned)
         return i
 
-    def _queue_term(self, ref: int, name: str, key: str, args) -> None:
-        domain, _, op = name.rpartition("::")
-        self._index.term[ref] = (op, domain, key, tuple(args))
-        self.pending.append(("t", ref))  # its rows for egglog are made when egglog is sent them
-
     def _term_rows(self, ref: int, rows: dict[str, list[str]]) -> None:
         """The request rows of handle ``ref``'s term: a list cell per argument, the first the
         outermost, then the term naming its op, attribute key and first cell."""
@@ -214,17 +209,20 @@ class EGraphState:
         ``key``: :func:`attrs_key` of ``attrs``, when the caller has it."""
         if key is None:
             key = attrs_key(attrs)
-        self.ref_node_attrs.setdefault(key, dict(attrs))
-        ref = self.new_ref(ttype)
-        name = f"{domain}::{op}" if domain else op
-        self._queue_term(ref, name, key, args)
-        self.term_log.append((ref, name, key, tuple(args), self._application))
-        return ref
+        if key not in self.ref_node_attrs:
+            self.ref_node_attrs[key] = dict(attrs)
+        return self._queue_term(op, domain, key, tuple(args), ttype)
 
     def add_leaf(self, op: str, key: str, ttype) -> int:
+        return self._queue_term(op, "", key, (), ttype)
+
+    def _queue_term(self, op: str, domain: str, key: str, args: tuple[int, ...], ttype) -> int:
+        """A new handle of type ``ttype`` for the term ``op(args) {key}``, queued (its rows for
+        egglog are made when egglog is sent them) and logged."""
         ref = self.new_ref(ttype)
-        self._queue_term(ref, op, key, ())
-        self.term_log.append((ref, op, key, (), self._application))
+        self._index.term[ref] = (op, domain, key, args)
+        self.pending.append(("t", ref))
+        self.term_log.append((ref, f"{domain}::{op}" if domain else op, key, args, self._application))
         return ref
 
     # ---- provenance ------------------------------------------------------------------
@@ -245,8 +243,10 @@ class EGraphState:
         self.applications.pop()
         self._application = SOURCE
 
-    def add_const(self, array: np.ndarray) -> int:
-        key = content_hash(array)
+    def add_const(self, array: np.ndarray, key: str | None = None) -> int:
+        """Queue a constant with a new handle; ``key``: its :func:`content_hash`, when known."""
+        if key is None:
+            key = content_hash(array)
         self.constants.setdefault(key, array)
         ref = self.add_leaf(CONST, key, TensorType.of(array))
         self.ref_const[ref] = key

@@ -34,7 +34,7 @@ from egraft import trace
 from egraft.ir.infer import FreshDims
 from egraft.rewrite.ast import Rule
 from egraft.rewrite.egraph import EGraphState
-from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
+from egraft.rewrite.evaluate import Evaluator, Memo, ReplacementFailed
 from egraft.rewrite.match import (
     MATCHED,
     Delta,
@@ -171,7 +171,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
     constants = {r.name: required_constants(r) for r in rules}  # what matching may skip early
     fixed_order = fixed_order_nodes(rules)  # commutative nodes whose other order a rule spells
     pattern_nodes: dict = {}  # what matching works out per pattern node, for every round
-    inferred: dict = {}  # what inference found per op and inputs, for every round
+    memo = Memo()  # what replacement building found (inference, folds), for every round
     # Semi-naive matching (module docstring): a rule matched completely against snapshot j next
     # finds only the matches that reach an e-class changed since.
     matched_at: dict[str, int] = {}  # rule -> the snapshot it last matched completely
@@ -186,7 +186,7 @@ def saturate(state: EGraphState, rules: list[Rule], budget: Budget | None = None
         changed = False
         any_banned = False
         matcher = Matcher(snapshot, opset, fixed_order, pattern_nodes)
-        evaluator = Evaluator(state, snapshot, opset, fresh, inferred)
+        evaluator = Evaluator(state, snapshot, opset, fresh, memo)
         deltas: dict[tuple, Delta] = {}  # (snapshot a rule last matched, what it reads) -> what changed since
         current = len(news) - 1
         for rule in rules:
