@@ -125,3 +125,46 @@ def test_semi_naive_matching_finds_what_matching_everything_finds_in_the_first_r
         state.release()
     assert outcomes[0] == outcomes[1]
     assert sum(outcomes[0][3].values()) > 200
+
+
+@pytest.mark.parametrize("name", ["inception_v1", "encoder", "resnet50"])
+def test_compiled_replacements_build_what_the_interpreter_builds(name):
+    # Two states of one model. Each round, every match of every rule is built on both: compiled
+    # on one, by walking the syntax tree (the reference) on the other. The terms, their order
+    # (their handles), their types and the failures must be the same.
+    from egraft.ir.infer import FreshDims
+    from egraft.optimize import select_rules
+    from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
+    from egraft.rewrite.load import load_rules
+    from egraft.rewrite.match import Matcher
+    from egraft.testing.encoder import encoder_model
+
+    model = encoder_model() if name == "encoder" else onnx.load(light_model_path(name))
+    rules, _ = select_rules(load_rules([], include_shipped=True))
+    states = [EGraphState.from_graph(egraft.load(model)) for _ in range(2)]
+    fresh = [FreshDims("_e"), FreshDims("_e")]
+    built = 0
+    for _ in range(4):
+        snapshots = [state.snapshot() for state in states]
+        evaluators = [Evaluator(state, snap, 17, f) for state, snap, f in zip(states, snapshots, fresh)]
+        matcher = Matcher(snapshots[0], 17)
+        for rule in rules:
+            for subst in matcher.match_rule(rule, limit=200, accept=lambda s, r=rule: evaluators[0].guard(r, s)):
+                outcomes = []
+                for state, evaluator, build in zip(states, evaluators, ("build", "interpret")):
+                    mark = len(state.term_log)
+                    try:
+                        pairs = getattr(evaluator, build)(rule, dict(subst))
+                    except ReplacementFailed as err:
+                        pairs = str(err)
+                    terms = state.term_log[mark:]
+                    outcomes.append((pairs, terms, [str(state.ref_types[t[0]]) for t in terms]))
+                    for pair in pairs if isinstance(pairs, list) else ():
+                        state.union_refs(*pair)
+                assert outcomes[0] == outcomes[1], rule.name
+                built += 1
+        for state in states:
+            state.flush()
+    assert built > 100
+    for state in states:
+        state.release()

@@ -12,8 +12,9 @@ all constants with the reference kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -47,10 +48,13 @@ class Memo:
             7,000 distinct ones. Not kept when inference made a new dim symbol.
         folded: the constant (content key and array) that ``fold`` computed per op, attributes,
             input constants and output type: Inception-v2 folds 623 nodes, 427 distinct.
+        replacements: per rule (by ``id``, kept with it), its compiled replacement
+            (:func:`compile_replacement`).
     """
 
     inferred: dict[tuple, tuple[list, list]] = field(default_factory=dict)
     folded: dict[tuple, tuple[str, np.ndarray]] = field(default_factory=dict)
+    replacements: dict[int, tuple[Rule, tuple]] = field(default_factory=dict)
 
 
 class Evaluator:
@@ -318,29 +322,27 @@ class Evaluator:
             return False
 
     def build(self, rule: Rule, subst: Subst) -> list[tuple[int, int]]:
-        """Build the replacement; return (root class handle, replacement handle) pairs."""
-        env: dict[str, Any] = {}
-        for let in rule.lets:
-            value = self.eval(let.value, subst, env, build=True) if len(let.names) == 1 else \
-                self._eval_multi(let, subst, env)
-            if len(let.names) == 1:
-                env[let.names[0]] = value
-            else:
-                if not isinstance(value, list) or len(value) != len(let.names):
-                    raise ReplacementFailed(f"{', '.join(let.names)}: expected {len(let.names)} outputs")
-                env.update(zip(let.names, value))
-        pairs = []
-        for i, result in enumerate(rule.results):
-            value = self.eval(result, subst, env, build=True)
-            if not isinstance(value, Handle):
-                raise ReplacementFailed("a result is not a tensor")
-            root_ref = self.snap.class_ref[subst[ROOT.format(i)]]
-            want = self.state.ref_types[root_ref]
-            got = self.state.ref_types[value.ref]
-            if not same_type(want, got):
-                raise ReplacementFailed(f"type {got} differs from the root's {want}")
-            pairs.append((root_ref, value.ref))
-        return pairs
+        """Build the replacement; return (root class handle, replacement handle) pairs. The
+        rule's replacement runs compiled (:func:`compile_replacement`, once per rule and run):
+        what :meth:`eval` with ``build`` computes, in the same order."""
+        compiled = self.memo.replacements.get(id(rule))
+        if compiled is None or compiled[0] is not rule:
+            compiled = self.memo.replacements[id(rule)] = (rule, compile_replacement(rule))
+        return self._built(*compiled[1], subst)
+
+    def interpret(self, rule: Rule, subst: Subst) -> list[tuple[int, int]]:
+        """:meth:`build` by walking the syntax tree (:meth:`eval`): the reference that compiled
+        replacements are checked against."""
+        lets = [(let.names, partial(self._interpret_let, let)) for let in rule.lets]
+        results = [partial(self._interpret, result) for result in rule.results]
+        return self._built(lets, results, subst)
+
+    def _interpret(self, e, ev, subst, env):
+        return self.eval(e, subst, env, build=True)
+
+    def _interpret_let(self, let, ev, subst, env):
+        return self.eval(let.value, subst, env, build=True) if len(let.names) == 1 else \
+            self._eval_multi(let, subst, env)
 
     def _eval_multi(self, let, subst, env):
         call = let.value
@@ -352,6 +354,154 @@ class Evaluator:
             attrs.update(self._value(spread, subst, env))
         kwargs = {k: self.eval(v, subst, env, True) for k, v in call.kwargs}
         return self.call_op(call.func, call.domain, args, kwargs, attrs, n_outputs=len(let.names))
+
+    def _built(self, lets, results, subst: Subst) -> list[tuple[int, int]]:
+        env: dict[str, Any] = {}
+        for names, value_of in lets:
+            value = value_of(self, subst, env)
+            if len(names) == 1:
+                env[names[0]] = value
+            else:
+                if not isinstance(value, list) or len(value) != len(names):
+                    raise ReplacementFailed(f"{', '.join(names)}: expected {len(names)} outputs")
+                env.update(zip(names, value))
+        pairs = []
+        ref_types = self.state.ref_types
+        for i, value_of in enumerate(results):
+            value = value_of(self, subst, env)
+            if not isinstance(value, Handle):
+                raise ReplacementFailed("a result is not a tensor")
+            root_ref = self.snap.class_ref[subst[ROOT.format(i)]]
+            want, got = ref_types[root_ref], ref_types[value.ref]
+            if not same_type(want, got):
+                raise ReplacementFailed(f"type {got} differs from the root's {want}")
+            pairs.append((root_ref, value.ref))
+        return pairs
+
+
+#: ``(evaluator, substitution, the lets' values) -> value``: a replacement expression compiled.
+Built = Callable[[Evaluator, Subst, dict], Any]
+#: The op that ``+ - * /`` between tensors builds.
+_TENSOR_OPS = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}
+
+
+def compile_replacement(rule: Rule) -> tuple[list[tuple[tuple[str, ...], Built]], list[Built]]:
+    """The rule's lets (names and value) and results compiled into nested closures, one per syntax
+    node: each computes what :meth:`Evaluator.eval` with ``build`` computes, evaluating operands
+    in the same order (the order in which terms get their handles). Walking the syntax tree and
+    dispatching on each node's class was a quarter of building a replacement.
+
+    Example:
+        >>> from egraft.rewrite.parser import parse_rules
+        >>> rule = parse_rules("rule r:\\n    Relu(x) => y = Neg(x)\\n        Neg(y)\\n").rules[0]
+        >>> lets, results = compile_replacement(rule)
+        >>> [names for names, _ in lets], len(results)
+        ([('y',)], 1)
+    """
+    lets = [(let.names, _compile(let.value) if len(let.names) == 1 else _compile_multi(let)) for let in rule.lets]
+    return lets, [_compile(result) for result in rule.results]
+
+
+def _compile(e) -> Built:
+    if isinstance(e, ELit):
+        value = e.value
+        return lambda ev, s, env: value
+    if isinstance(e, EVar):
+        name = e.name
+        return lambda ev, s, env: ev._value(name, s, env)
+    if isinstance(e, EList):
+        items = [_compile(x) for x in e.items]
+        return lambda ev, s, env: [f(ev, s, env) for f in items]
+    if isinstance(e, EUnary):
+        return _compile_unary(e.op, _compile(e.operand))
+    if isinstance(e, EBinary):
+        return _compile_binary(e.op, _compile(e.left), _compile(e.right))
+    if isinstance(e, EIndex):
+        return _compile_index(_compile(e.base), e.index)
+    if isinstance(e, ECall):
+        return _compile_call(e)
+    message = f"cannot evaluate {type(e).__name__}"
+
+    def fail(ev, s, env):
+        raise GuardFailed(message)
+
+    return fail
+
+
+def _compile_unary(op: str, f: Built) -> Built:
+    if op == "not":
+        return lambda ev, s, env: not f(ev, s, env)
+
+    def negate(ev, s, env):
+        v = f(ev, s, env)
+        return ev.make_op("Neg", [v], {}) if isinstance(v, Handle) else -v
+
+    return negate
+
+
+def _compile_binary(op: str, f: Built, g: Built) -> Built:
+    if op == "and":
+        return lambda ev, s, env: bool(f(ev, s, env)) and bool(g(ev, s, env))
+    if op == "or":
+        return lambda ev, s, env: bool(f(ev, s, env)) or bool(g(ev, s, env))
+    tensor_op = _TENSOR_OPS.get(op)
+
+    def apply(ev, s, env):
+        a = f(ev, s, env)
+        b = g(ev, s, env)
+        if isinstance(a, Handle) or isinstance(b, Handle):
+            if tensor_op is None:
+                raise ReplacementFailed(f"operator {op} on tensors")
+            a, b = ev._tensorize(a, b), ev._tensorize(b, a)
+            return ev.make_op(tensor_op, [a, b], {})
+        return _python_binary(op, a, b)
+
+    return apply
+
+
+def _compile_index(base: Built, index) -> Built:
+    if isinstance(index, tuple):
+        lo, hi = (None if x is None else _compile(x) for x in index)
+
+        def sliced(ev, s, env):
+            items = base(ev, s, env)
+            start = None if lo is None else lo(ev, s, env)
+            return list(items)[start:None if hi is None else hi(ev, s, env)]
+
+        return sliced
+    at = _compile(index)
+    return lambda ev, s, env: base(ev, s, env)[at(ev, s, env)]
+
+
+def _compile_call(e: ECall) -> Built:
+    builtin = BUILTINS.get(e.func)
+    args = [_compile(a) for a in e.args]
+    if builtin is not None and get_op(e.func, e.domain) is None:  # an op of that name is built instead
+        return lambda ev, s, env: builtin(ev, *[a(ev, s, env) for a in args])
+    if e.func == "fold":
+        return lambda ev, s, env: ev.fold(args[0](ev, s, env))
+    return _compile_op(e, args, 1)
+
+
+def _compile_multi(let) -> Built:
+    """A let of several names: an op call builds a node of that many outputs."""
+    if not isinstance(let.value, ECall):
+        return _compile(let.value)
+    return _compile_op(let.value, [_compile(a) for a in let.value.args], len(let.names))
+
+
+def _compile_op(e: ECall, args: list[Built], n_outputs: int) -> Built:
+    func, domain, spreads = e.func, e.domain, e.attrs_spread
+    kwargs = [(k, _compile(v)) for k, v in e.kwargs]
+
+    def call(ev, s, env):
+        values = [a(ev, s, env) for a in args]
+        attrs: dict[str, Any] = {}
+        for spread in spreads:
+            attrs.update(ev._value(spread, s, env))
+        return ev.call_op(func, domain, values, {k: f(ev, s, env) for k, f in kwargs}, attrs, n_outputs=n_outputs)
+
+    return call
 
 
 @lru_cache(maxsize=16)
