@@ -227,24 +227,24 @@ class EGraphIndex:
         self._apply_uses()  # a gone e-class's users were all re-canonicalized: it leaves the table
         self._copied = set()
         self.constant.difference_update(gone)  # what they held, the e-classes they joined hold
-        self._find_constants(change.changed)
+        self._find_constants(change.added)
         return change
 
-    def _find_constants(self, changed: set[int]) -> None:
-        """Add to :attr:`constant` the e-classes it now holds: ``changed`` ones with an e-node
-        whose inputs are all in it, and then their users in turn (it only grows; a least fixpoint
-        over what changed, where a pass over every e-class until nothing changed cost 4% of
-        DenseNet-121's saturation)."""
+    def _find_constants(self, added: dict[int, list[ENode]]) -> None:
+        """Add to :attr:`constant` the e-classes it now holds: those with an ``added`` e-node whose
+        inputs are all in it, then their users in turn, every e-node of those looked at (it only
+        grows: a least fixpoint over what changed, where passes over every e-class until nothing
+        changed cost 4% of DenseNet-121's saturation)."""
         constant, classes, uses = self.constant, self.classes, self.uses
-        work = list(changed)
+        work: list[tuple[int, list[ENode] | None]] = list(added.items())
         while work:
-            c = work.pop()
+            c, nodes = work.pop()
             if c in constant:
                 continue
-            for n in classes.get(c, ()):
+            for n in classes.get(c, ()) if nodes is None else nodes:
                 if n.op not in _NOT_COMPUTED and all(ch in constant for ch in n.children):
                     constant.add(c)
-                    work.extend(parent for parent, _ in uses.get(c, ()))
+                    work.extend((parent, None) for parent, _ in uses.get(c, ()))
                     break
 
     def _own(self, table: dict, key, empty):
@@ -291,13 +291,16 @@ class EGraphIndex:
         self._count_uses(c, removed, -1)
         self._count_uses(c, added, 1)
         before = self.class_ops.pop(c, {})
+        appended = nodes is not None and not removed and nodes[len(nodes) - len(added):] == added
         ops: dict[str, list[ENode]] = {}
-        for n in nodes or ():
+        for n in added if appended else nodes or ():  # (e-nodes appended: the others stay as they were)
             found = ops.get(n.op)
             if found is None:
                 ops[n.op] = [n]
             else:
                 found.append(n)
+        if appended:
+            ops = {**before, **{op: before.get(op, ()) + tuple(found) for op, found in ops.items()}}
         if nodes is not None:
             self.class_ops[c] = {op: tuple(found) for op, found in ops.items()}
         for op in before.keys() - ops.keys():
