@@ -12,6 +12,14 @@ already spells the other order (a rule whose pattern is this one with that node'
 swapped, or this very rule when its pattern is symmetric there), the node is matched in
 its written order only (:func:`fixed_order_nodes`): the elementwise fusion rules, written
 in both orders, would otherwise build each fused body twice over.
+
+Semi-naive matching (the engine's rounds after a rule's first): given a :class:`Delta`, the
+e-nodes new since the rule last matched completely and the e-classes whose properties its guard
+reads changed, only the matches that use one or bind one are found. Roots come from
+:meth:`Matcher.reach` (the e-classes with a new e-node of the root's op, or an e-node of the op
+over an input's reach), and the search carries ``need`` down: where nothing matched so far is
+new and no input left to match can be (it lies outside its pattern's reach), the part being
+matched must be new, and an e-node that cannot be is passed over before its substitution is made.
 """
 
 from __future__ import annotations
