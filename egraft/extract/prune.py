@@ -85,30 +85,41 @@ def program_closure(snapshot: Snapshot, choice: dict[int, int], start: list[int]
     """The e-classes the program ``choice`` computes below ``start`` (``start`` included), or
     None when it is not a program there: a class without a choice, a cycle, or (``avoid``)
     the class ``avoid`` reached."""
+    walked = _walk_program(snapshot, choice, start, avoid)
+    return None if walked is None else walked[0]
+
+
+def _walk_program(snapshot: Snapshot, choice: dict[int, int], start, avoid: int | None,
+                  table: CostTable | None = None, limit: float = math.inf) -> tuple[set[int], float] | None:
+    """The classes the program ``choice`` computes below ``start`` and (with ``table``) their
+    cost, depth first; None when it is not a program there (a class without a choice, a cycle,
+    ``avoid`` reached) or its cost passes ``limit``."""
+    total = 0.0
     done: set[int] = set()
     on_path: set[int] = set()
-    for root in start:
-        if root in done:
+    stack: list[tuple[int, bool]] = [(c, False) for c in reversed(list(start))]
+    while stack:
+        c, leaving = stack.pop()
+        if leaving:
+            on_path.discard(c)
+            done.add(c)
             continue
-        stack: list[tuple[int, bool]] = [(root, False)]
-        while stack:
-            c, leaving = stack.pop()
-            if leaving:
-                on_path.discard(c)
-                done.add(c)
-                continue
-            if c in done:
-                continue
-            if c in on_path or c == avoid or c not in choice:
+        if c in done:
+            continue
+        if c in on_path or c == avoid or c not in choice:
+            return None
+        if table is not None:
+            total += table[c][choice[c]]
+            if total > limit:
                 return None
-            on_path.add(c)
-            stack.append((c, True))
-            for ch in snapshot.classes[c][choice[c]].children:
-                if ch not in done:
-                    if ch in on_path:
-                        return None
-                    stack.append((ch, False))
-    return done
+        on_path.add(c)
+        stack.append((c, True))
+        for ch in snapshot.classes[c][choice[c]].children:
+            if ch not in done:
+                if ch in on_path:
+                    return None
+                stack.append((ch, False))
+    return done, total
 
 
 def candidates(snapshot: Snapshot, table: CostTable, roots: list[int], keep: set[tuple[int, int]] = frozenset(),
@@ -358,28 +369,5 @@ def _bounded_program_cost(snapshot: Snapshot, table: CostTable, choice: dict[int
     ``limit``, is not a program there, or reaches ``avoid``."""
     if limit < 0:
         return None
-    total = 0.0
-    done: set[int] = set()
-    on_path: set[int] = set()
-    stack: list[tuple[int, bool]] = [(c, False) for c in start]
-    while stack:
-        c, leaving = stack.pop()
-        if leaving:
-            on_path.discard(c)
-            done.add(c)
-            continue
-        if c in done:
-            continue
-        if c in on_path or c == avoid or c not in choice:
-            return None
-        total += table[c][choice[c]]
-        if total > limit:
-            return None
-        on_path.add(c)
-        stack.append((c, True))
-        for ch in snapshot.classes[c][choice[c]].children:
-            if ch not in done:
-                if ch in on_path:
-                    return None
-                stack.append((ch, False))
-    return total
+    walked = _walk_program(snapshot, choice, start, avoid, table, limit)
+    return None if walked is None else walked[1]
