@@ -77,6 +77,35 @@ def check_compiled(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: f
     return got
 
 
+def onnxruntime_saturates_integer_products() -> bool:
+    """Whether onnxruntime's u8 x s8 products on this host add byte products in saturating int16
+    (x86 without VNNI: SSE4.1, AVX2, AVX-512 without VNNI). Where its exact mode
+    (:func:`reference_options`) does not reach an op (DynamicQuantizeLSTM's gates, products of
+    computed operands), its results there are not an exact reference."""
+    from egraft.kernels.cpu.llvm import host_cpu
+
+    triple, _, features = host_cpu()
+    return triple.startswith("x86_64") and not {"+avx512vnni", "+avxvnni"} & set(features.split(","))
+
+
+#: the skip reason where :func:`onnxruntime_saturates_integer_products`
+SATURATING_REFERENCE = ("onnxruntime saturates its u8 x s8 products in int16 on x86 without VNNI (this host), "
+                        "and its exact mode does not reach this op: not an exact reference here")
+
+
+def reference_options():
+    """onnxruntime SessionOptions for a reference run: exact u8 x s8 integer products
+    (:func:`egraft.testing.bench.exact_integer_products`)."""
+    import onnxruntime as ort
+
+    from egraft.testing.bench import exact_integer_products
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    exact_integer_products(options)
+    return options
+
+
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], exact: bool = False) -> dict[str, np.ndarray]:
     """Run ``model`` in onnxruntime (CPU) and return its outputs by name.
 
@@ -87,8 +116,11 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray], exact:
     """
     import onnxruntime as ort
 
+    from egraft.testing.bench import exact_integer_products
+
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    exact_integer_products(options)  # a reference: u8 x s8 products exact on hosts without VNNI
     if exact:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from conftest import reference_options
 from onnx import TensorProto, helper, numpy_helper
 
 import egraft
@@ -240,7 +241,8 @@ def emulate_cases(cases: list[Case]) -> dict[tuple, list[np.ndarray] | Exception
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(model.SerializeToString(), reference_options(),
+                                           providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
 
 

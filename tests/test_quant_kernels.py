@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import SATURATING_REFERENCE, onnxruntime_saturates_integer_products, reference_options
 from onnx import TensorProto, helper, numpy_helper
 
 import egraft
@@ -28,7 +29,7 @@ def _check(model: onnx.ModelProto, runs: list[tuple[dict, dict]], exact: bool = 
     """Compile ``model`` once; for each ``(bindings, feeds)`` no node falls back and every
     output equals onnxruntime's (bit for bit with ``exact``)."""
     compiled = egraft.compile(model.SerializeToString(), use_cache=False)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(model.SerializeToString(), reference_options(), providers=["CPUExecutionProvider"])
     names = [o.name for o in model.graph.output]
     for bindings, feeds in runs:
         assert not compiled.report(bindings).fallbacks, compiled.report(bindings).fallbacks
@@ -380,6 +381,8 @@ def test_clip_with_computed_bounds(dtype):
 # ---- the int8 corpus models ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["ddddocr_ocr_int8", "t5_encoder_int8"])
 def test_corpus_int8_models_run_quantization_on_generated_code(name):
+    if name == "t5_encoder_int8" and onnxruntime_saturates_integer_products():
+        pytest.skip(SATURATING_REFERENCE)  # its MatMulIntegers multiply computed u8 activations by s8 weights
     from egraft.testing import corpus
     from egraft.testing.corpus import compare_outputs, entry, make_feeds
     from egraft.testing.corpus.compare import ort_outputs

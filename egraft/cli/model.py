@@ -242,8 +242,11 @@ def _check_with_onnxruntime(model, feeds: dict, outputs: dict) -> None:
         import onnxruntime as ort
     except ImportError:
         raise fail("--check needs onnxruntime: pip install 'egraft[dev]'") from None
+    from egraft.testing.bench import exact_integer_products
+
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    exact_integer_products(options)  # the reference: exact u8 x s8 products on hosts without VNNI
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     reference = dict(zip(names, session.run(names, feeds)))

@@ -34,10 +34,21 @@ def zoo_model(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return with_outputs(reweight(source, seed=0), softmax_logits(source)), backend_input(source)
 
 
+def exact_integer_products(options) -> None:
+    """Make an onnxruntime session's ``options`` compute u8 x s8 integer products exactly
+    (``session.x64quantprecision``): on x86 without VNNI (SSE4.1, AVX2, AVX-512 without VNNI,
+    this znver3 among them) its products otherwise add pairs of byte products in saturating
+    int16 (``vpmaddubsw``), so MatMulInteger, ConvInteger and DynamicQuantizeLSTM differ from
+    the exact int32 products ONNX defines: 31 of a 2 x 33 MatMulInteger's outputs here. A
+    reference must be exact; a speed comparison keeps onnxruntime's default."""
+    options.add_session_config_entry("session.x64quantprecision", "1")
+
+
 def ort_session(model: onnx.ModelProto, threads: int = 1, exact: bool = False):
     """An onnxruntime CPU session with ``threads`` intra-op threads (one inter-op thread).
-    ``exact`` keeps to the basic graph optimizations: the reference for ONNX semantics
-    (the extended ones include lossy rewrites); otherwise every optimization, as deployed."""
+    ``exact`` keeps to the basic graph optimizations and exact integer products
+    (:func:`exact_integer_products`): the reference for ONNX semantics (the extended ones
+    include lossy rewrites); otherwise every optimization, as deployed."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -46,6 +57,7 @@ def ort_session(model: onnx.ModelProto, threads: int = 1, exact: bool = False):
     options.log_severity_level = 3
     if exact:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        exact_integer_products(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
