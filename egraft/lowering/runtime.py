@@ -45,7 +45,7 @@ from egraft.ir.onnx_fallback import onnx_compute
 from egraft.ir.registry import RunContext
 from egraft.ir.work import op_work, value_bytes
 from egraft.kernels.cpu.llvm import JitModule, cpu_count
-from egraft.kernels.cpu.sgemm import SCRATCH_BYTES
+from egraft.kernels.cpu.sgemm import SCRATCH_BYTES, aligned_empty
 from egraft.kernels.cpu.workers import MAX_PARTS, NativeWorkers
 from egraft.lowering.compile import Lowered
 from egraft.lowering.control import ControlBodies, RankedVariants, RankGuard, empty_like_type
@@ -203,9 +203,7 @@ class _Shaped:
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    shift = (-raw.ctypes.data) % ALIGNMENT
-    return raw[shift:shift + nbytes]
+    return aligned_empty(nbytes, ALIGNMENT)
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:

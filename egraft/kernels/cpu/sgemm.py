@@ -144,19 +144,24 @@ def pack_a_constant(a: np.ndarray, mr: int | None = None) -> np.ndarray:
     panels = -(-m // mr)
     padded = np.zeros((panels * mr, k), np.float32)
     padded[:m] = a
-    out = _aligned_floats(panels * mr * k)
+    out = aligned_empty(4 * panels * mr * k).view(np.float32)
     out.reshape(panels, k, mr)[...] = padded.reshape(panels, mr, k).transpose(0, 2, 1)
     return out
 
 
-def _aligned_floats(n: int) -> np.ndarray:
-    """``n`` float32 at a 64-byte aligned address: the micro-kernel reads packed panels with
-    aligned vector loads (``vmovaps``), which fault where numpy left an array 16-byte aligned.
-    (The runtime copies every constant it hands a kernel to such an address too, as a cached
-    build's arrays come back from disk at any address.)"""
-    raw = np.empty(4 * n + 64, np.uint8)
-    start = (-raw.ctypes.data) % 64
-    return raw[start:start + 4 * n].view(np.float32)
+def aligned_empty(nbytes: int, alignment: int = 64) -> np.ndarray:
+    """``nbytes`` uninitialized bytes at an ``alignment``-byte aligned address: the micro-kernel
+    reads packed panels with aligned vector loads (``vmovaps``), which fault where numpy left an
+    array 16-byte aligned. The runtime allocates its scratch and arenas, and copies every
+    constant it hands a kernel (a cached build's arrays come back from disk at any address), here.
+
+    Example:
+        >>> aligned_empty(100).ctypes.data % 64, aligned_empty(100).nbytes
+        (0, 100)
+    """
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + nbytes]
 
 
 @register_packing("sgemm.b_panels", gather=True)
