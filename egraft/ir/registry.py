@@ -72,6 +72,10 @@ class OpDef:
             (``keys``, e-classes) per input, which inputs to keep in which order and the
             attributes that go with them. Rewriting builds nodes through it, so that the
             forms become one e-node (``Elementwise`` sorts its inputs).
+        infer_key: ``attrs -> key``, for an op whose type inference reads less than all its
+            attributes: what it reads (``Elementwise``: the highest input its body reads, not the
+            body). Rewriting memoizes inference by it, so the many bodies that fusion builds
+            over the same input types are inferred once.
         commutative: a two-input node computes the same with its inputs swapped (``Add``,
             ``Mul``, ``Max``...): a rule's pattern ``Add(MatMul(a, w), bias)`` then also
             matches ``Add(bias, MatMul(a, w))`` (see :mod:`egraft.rewrite.match`).
@@ -94,6 +98,7 @@ class OpDef:
     canonical: Callable | None = None
     commutative: bool = False
     associative: bool = False
+    infer_key: Callable | None = None
 
     @property
     def is_standard(self) -> bool:
@@ -132,10 +137,11 @@ def register_op(
     canonical: Callable | None = None,
     commutative: bool = False,
     associative: bool = False,
+    infer_key: Callable | None = None,
 ) -> OpDef:
     """Add an op to the registry (or replace its entry) and return its definition."""
     op = OpDef(name, domain, infer, compute, symbolic, dict(attrs or {}), doc, onnx_function, folded_only=folded_only,
-               canonical=canonical, commutative=commutative, associative=associative)
+               canonical=canonical, commutative=commutative, associative=associative, infer_key=infer_key)
     _REGISTRY[(domain, name)] = op
     return op
 

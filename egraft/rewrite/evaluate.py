@@ -212,7 +212,17 @@ class Evaluator:
         # a type by its dtype's id (a singleton: DType's hash is Python code) and its shape
         inputs_seen = tuple(None if f is None else (id(f[0].dtype), f[0].shape, f[1], id(f[2])) for f in facts)
         signature = (op, domain, key, n_outputs, inputs_seen)
-        inferred = self.memo.inferred.get(signature)
+        reduced = None
+        if opdef is not None and opdef.infer_key is not None:
+            # inference reads only part of the attributes: one entry serves every node that agrees
+            # on it, unless inference also evaluated the outputs (that reads all of them)
+            try:
+                reduced = (op, domain, ("infer_key", opdef.infer_key(attrs)), n_outputs, inputs_seen)
+            except Exception as err:
+                raise ReplacementFailed(f"{op}: {err}") from None
+        inferred = self.memo.inferred.get(signature if reduced is None else reduced)
+        if inferred is None and reduced is not None:
+            inferred = self.memo.inferred.get(signature)
         if inferred is None:
             values = []
             for h, f in zip(inputs, facts):
@@ -233,7 +243,8 @@ class Evaluator:
                 raise ReplacementFailed(f"{op}: {err}") from None
             inferred = (types, [known.get(f"new{i}") for i in range(n_outputs)])
             if self.fresh.count == made:  # no new dim symbol: the same inputs give the same types
-                self.memo.inferred[signature] = inferred
+                values_known = any(v is not None for v in inferred[1])
+                self.memo.inferred[signature if reduced is None or values_known else reduced] = inferred
         types, values_out = inferred
         for i, value in enumerate(values_out):
             if value is not None:

@@ -598,6 +598,8 @@ class Matcher:
         :attr:`refused` counts the matches ``accept`` turned down in this call."""
         found = [self._candidates_of(root) for root in rule.roots]
         self.refused = 0
+        if not all(found):
+            return []  # a root's op is nowhere in the e-graph (no MatMul in a CNN): no reach to compute
         if delta is not None and all(self.reach(root, delta).isdisjoint(c) for root, c in zip(rule.roots, found)):
             return []  # no root can be new: the cheap answer for most rules in most rounds
         self._constant_vars = required_constants(rule) if constants is None else constants

@@ -127,7 +127,14 @@ def canonical_body(attrs: dict, keys: list) -> tuple[list[int], dict]:
     index = [0] * len(keys)
     for new, old in enumerate(positions):
         index[old] = new
-    return positions, {**attrs, "expr": render_expr(_renamed(parse_expr(attrs["expr"]), index))}
+    return positions, {**attrs, "expr": _canonical_text(attrs["expr"], tuple(index))}
+
+
+@lru_cache(maxsize=65536)
+def _canonical_text(text: str, index: tuple[int, ...]) -> str:
+    """The text of body ``text`` with input ``i`` read as ``index[i]``, commutative arguments
+    sorted: memoized, since the fusion rules extend the same bodies on every layer."""
+    return render_expr(_renamed(parse_expr(text), index))
 
 
 def _renamed(tree, index: list[int]):
@@ -230,5 +237,6 @@ register_op(
     "Elementwise", domain="com.egraft",
     attrs={"expr": AttrSpec("string", None, "the body over x0, x1...: relu(add(x0, x1))")},
     infer=_infer, compute=_compute, onnx_function=_function, canonical=canonical_body,
+    infer_key=lambda attrs: max_input(parse_expr(attrs["expr"])),
     doc="a fused chain of elementwise ops; the body is the expr attribute",
 )
