@@ -168,3 +168,37 @@ def test_compiled_replacements_build_what_the_interpreter_builds(name):
     assert built > 100
     for state in states:
         state.release()
+
+
+def test_elementwise_inference_is_shared_across_bodies_but_not_their_values_or_their_errors():
+    # Inference of an Elementwise reads the highest input its body reads, not the body
+    # (OpDef.infer_key): bodies over the same input types share one entry of the memo. What
+    # inference evaluates at compile time (the outputs of small known inputs) reads the body:
+    # the second body over two constants must get its own value, and a body that reads an input
+    # the node lacks must still fail after a valid one was inferred.
+    import numpy as np
+
+    from egraft.ir.infer import FreshDims
+    from egraft.rewrite.builtins import Handle
+    from egraft.rewrite.evaluate import Evaluator, ReplacementFailed
+
+    state = EGraphState.from_graph(egraft.load(_chain_model(3)))
+    a = Handle(state.add_const(np.array([1.0, 2.0, 3.0, 4.0], np.float32)))
+    b = Handle(state.add_const(np.array([5.0, 6.0, 7.0, 8.0], np.float32)))
+    x = Handle(state.snapshot().class_ref[state.snapshot().ref_class[0]])
+    evaluator = Evaluator(state, state.snapshot(), 17, FreshDims("_e"))
+    built = {}
+    for expr in ("add(x0, x1)", "mul(x0, x1)", "sub(x0, x1)"):
+        built[expr] = evaluator.make_op("Elementwise", [a, b], {"expr": expr}, domain="com.egraft")
+    values = {expr: state.known_values.get(h.ref) for expr, h in built.items()}
+    np.testing.assert_array_equal(values["add(x0, x1)"], [6, 8, 10, 12])
+    np.testing.assert_array_equal(values["mul(x0, x1)"], [5, 12, 21, 32])
+    np.testing.assert_array_equal(values["sub(x0, x1)"], [-4, -4, -4, -4])
+    hits = len(evaluator.memo.inferred)
+    for expr in ("relu(add(x0, x1))", "mul(add(x0, x1), x1)"):
+        h = evaluator.make_op("Elementwise", [x, b], {"expr": expr}, domain="com.egraft")
+        assert str(state.ref_types[h.ref]) == "f32[4]"
+    assert len(evaluator.memo.inferred) == hits + 1  # one entry for both bodies over (x, b)
+    with pytest.raises(ReplacementFailed, match="x2"):
+        evaluator.make_op("Elementwise", [x, b], {"expr": "add(x0, x2)"}, domain="com.egraft")
+    state.release()
