@@ -161,14 +161,21 @@ def _normalize_domain(domain: str) -> str:
 def get_op(name: str, domain: str = "") -> OpDef | None:
     """The definition of an op, or ``None``. Standard ONNX ops that egraft has no entry
     for still resolve (with onnx fallbacks for both inference and execution)."""
-    _ensure_loaded()
+    if not _loaded:
+        _ensure_loaded()
     domain = _normalize_domain(domain)
     op = _REGISTRY.get((domain, name))
     if op is not None:
         return op
     if _onnx_has_schema(name, domain):
-        return OpDef(name, domain, doc="(onnx fallback)")
+        return _fallback_op(name, domain)
     return None
+
+
+@cache
+def _fallback_op(name: str, domain: str) -> OpDef:
+    """The entry of a standard op egraft has none for (onnx's inference and reference run it)."""
+    return OpDef(name, domain, doc="(onnx fallback)")
 
 
 def all_ops() -> list[OpDef]:
@@ -177,8 +184,14 @@ def all_ops() -> list[OpDef]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
+_loaded = False
+
+
 def _ensure_loaded() -> None:
+    global _loaded
     import egraft.ir.ops  # noqa: F401  (registers the ops on import)
+
+    _loaded = True  # (an import statement per lookup was 1% of saturation)
 
 
 @cache

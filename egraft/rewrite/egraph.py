@@ -97,6 +97,8 @@ def attrs_key(attrs: dict[str, Any]) -> str:
             parts.append(f"{_quote(k)}: {int.__repr__(v)}")
         elif kind is bool:
             parts.append(f"{_quote(k)}: {'true' if v else 'false'}")
+        elif (kind is list or kind is tuple) and all(type(x) is int for x in v):  # axes, perm, pads
+            parts.append(f"{_quote(k)}: [{', '.join(map(int.__repr__, v))}]")
         else:
             return json.dumps({k: _encode_attr(v) for k, v in attrs.items()}, sort_keys=True)
     return "{" + ", ".join(parts) + "}"
