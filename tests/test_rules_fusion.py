@@ -153,6 +153,57 @@ def test_batchnorm_of_a_concatenation_is_one_elementwise_pass_with_its_relu():
     np.testing.assert_allclose(egraft.compile(model).run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
 
 
+def _gate_model():
+    """A GRU-style blend: z = sigmoid(a + b) is read twice, y = (1 - z) * c + z * h; u = a * 2
+    is read once, by the Add of its bias."""
+    one = onnx.numpy_helper.from_array(np.ones(8, np.float32), "one")
+    two = onnx.numpy_helper.from_array(np.full(8, 2, np.float32), "two")
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Sigmoid", ["s"], ["z"]),
+             helper.make_node("Sub", ["one", "z"], ["zc"]), helper.make_node("Mul", ["zc", "c"], ["p"]),
+             helper.make_node("Mul", ["z", "h"], ["q"]), helper.make_node("Add", ["p", "q"], ["y"]),
+             helper.make_node("Mul", ["a", "two"], ["u"]), helper.make_node("Add", ["u", "b"], ["v"])]
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, ["batch", 8]) for k in "abch"]
+    outputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, ["batch", 8]) for k in ("y", "v")]
+    return _model(nodes, inputs, outputs, [one, two])
+
+
+def test_a_body_starts_at_a_shared_operand_and_not_at_one_read_once():
+    """``ew_binary`` starts a body at a binary op only where each operand made by an elementwise op
+    is ``shared`` (two nodes of the model read it): the gate z starts bodies (the plan may compute
+    it once for both readers), u * 2's Add does not (the body of u grows by it instead), and both
+    outputs still come out of one body each, equal to onnxruntime's."""
+    from egraft.ir.infer import FreshDims
+    from egraft.rewrite.builtins import BUILTINS, Handle
+    from egraft.rewrite.egraph import EGraphState
+    from egraft.rewrite.evaluate import Evaluator
+
+    model = _gate_model()
+    graph = egraft.load(model)
+    state = EGraphState.from_graph(graph)
+    snap = state.snapshot()
+    evaluator = Evaluator(state, snap, 17, FreshDims("_e"))
+    ref = {n.outputs[0].name: r for r, i in state.ref_source.items() for n in [graph.nodes[i]]}
+    ref.update(state.input_refs)
+    shared = {k: BUILTINS["shared"](evaluator, Handle(r)) for k, r in ref.items()}
+    assert shared == {"s": False, "z": True, "zc": False, "p": False, "q": False, "y": False, "u": False,
+                      "v": False, "a": True, "b": True, "c": False, "h": False}
+    state.release()
+
+    result = optimize(graph, cost="roofline")
+    s = result.snapshot
+    z_class = s.ref_class[ref["z"]]
+    u_class = s.ref_class[ref["u"]]
+    bodies = [n for nodes in s.classes.values() for n in nodes if n.op == "Elementwise"]
+    assert any(z_class in n.children for n in bodies), "a body reads the shared gate z"
+    assert not any(u_class in n.children for n in bodies), "no body reads u, which only u + b reads"
+    rng = np.random.default_rng(5)
+    feeds = {k: rng.normal(size=(3, 8)).astype(np.float32) for k in "abch"}
+    want = run_onnxruntime(model, feeds)
+    got = egraft.compile(model).run(feeds)
+    for k in ("y", "v"):
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
 def test_commutative_nodes_match_their_other_order_only_where_no_rule_spells_it():
     """A rule whose mirror image (one commutative node's inputs swapped) is another rule, or
     itself, is matched in its written order at that node; the others in both orders."""

@@ -273,6 +273,36 @@ def _original(ev: Evaluator, *xs) -> bool:
     return all(isinstance(h, Handle) and ev.snap.ref_class.get(h.ref) in classes for h in _flat(xs))
 
 
+def _shared_classes(ev: Evaluator) -> frozenset[int]:
+    """The e-classes of the current snapshot that hold a tensor of the source model which two or
+    more of its nodes read, or a graph output that a node reads too (cached per snapshot)."""
+    snap = ev.snap
+    cached = _SHARED_CLASSES.get(snap)
+    if cached is None:
+        state = ev.state
+        readers: dict[str, int] = {}
+        for node in state.source.nodes:
+            for name in {v.name for v in node.inputs if v is not None}:
+                readers[name] = readers.get(name, 0) + 1
+        for v in state.source.outputs:
+            readers[v.name] = readers.get(v.name, 0) + 1
+        nodes = state.source.nodes
+        refs = [r for r, i in state.ref_source.items()
+                if len(nodes[i].outputs) == 1 and readers.get(nodes[i].outputs[0].name, 0) >= 2]
+        refs += [r for name, r in state.input_refs.items() if readers.get(name, 0) >= 2]
+        cached = frozenset(snap.ref_class[r] for r in refs if r in snap.ref_class)
+        _SHARED_CLASSES[snap] = cached
+    return cached
+
+
+def _shared(ev: Evaluator, *xs) -> bool:
+    """Every argument's e-class holds a tensor of the source model that several of its nodes read
+    (a layer norm's centred input, read by the variance and by the normalization): a tensor the
+    model computes once for several consumers, which a fused body may keep rather than recompute."""
+    classes = _shared_classes(ev)
+    return all(isinstance(h, Handle) and ev.snap.ref_class.get(h.ref) in classes for h in _flat(xs))
+
+
 def _descendants(ev: Evaluator) -> dict[int, int]:
     """For each e-class of the current snapshot, the bitset of the e-classes that some e-node
     below it reads (cached per snapshot; a cycle is cut where the walk meets it)."""
@@ -323,9 +353,11 @@ def _get(ev: Evaluator, attrs, name: str, default):
 
 
 _ORIGINAL_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SHARED_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DESCENDANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 BUILTINS["before"] = _before
 BUILTINS["original"] = _original
+BUILTINS["shared"] = _shared
 BUILTINS["independent"] = _independent
 BUILTINS["get"] = _get
 

@@ -158,7 +158,8 @@ class Delta:
 #: more). The others read nothing of it (values, types), or only what cannot turn a refusal into
 #: an acceptance as the e-graph grows: ``distinct`` and ``independent`` only turn false, ``before``
 #: compares handles, and ``feeds_const`` (written ``not feeds_const``) only refuses more.
-_READS = {"const": "const", "value": "const", "all_equal": "const", "made_by": "ops", "original": "handles"}
+_READS = {"const": "const", "value": "const", "all_equal": "const", "made_by": "ops", "original": "handles",
+          "shared": "handles"}
 _READS_NOTHING = frozenset({
     "rank", "shape", "dim", "dtype", "static", "numel", "is_symbolic", "dims_at", "known_dims", "is_float",
     "static_spatial", "abs", "float", "int", "len", "max", "min", "range", "str", "get", "full_perm",
