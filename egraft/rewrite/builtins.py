@@ -279,17 +279,20 @@ def _shared_classes(ev: Evaluator) -> frozenset[int]:
     snap = ev.snap
     cached = _SHARED_CLASSES.get(snap)
     if cached is None:
-        state = ev.state
-        readers: dict[str, int] = {}
-        for node in state.source.nodes:
-            for name in {v.name for v in node.inputs if v is not None}:
-                readers[name] = readers.get(name, 0) + 1
-        for v in state.source.outputs:
-            readers[v.name] = readers.get(v.name, 0) + 1
-        nodes = state.source.nodes
-        refs = [r for r, i in state.ref_source.items()
-                if len(nodes[i].outputs) == 1 and readers.get(nodes[i].outputs[0].name, 0) >= 2]
-        refs += [r for name, r in state.input_refs.items() if readers.get(name, 0) >= 2]
+        refs = _SHARED_REFS.get(ev.state)
+        if refs is None:  # the source model's, once per e-graph
+            state = ev.state
+            readers: dict[str, int] = {}
+            for node in state.source.nodes:
+                for name in {v.name for v in node.inputs if v is not None}:
+                    readers[name] = readers.get(name, 0) + 1
+            for v in state.source.outputs:
+                readers[v.name] = readers.get(v.name, 0) + 1
+            nodes = state.source.nodes
+            refs = [r for r, i in state.ref_source.items()
+                    if len(nodes[i].outputs) == 1 and readers.get(nodes[i].outputs[0].name, 0) >= 2]
+            refs += [r for name, r in state.input_refs.items() if readers.get(name, 0) >= 2]
+            _SHARED_REFS[state] = refs
         cached = frozenset(snap.ref_class[r] for r in refs if r in snap.ref_class)
         _SHARED_CLASSES[snap] = cached
     return cached
@@ -354,6 +357,7 @@ def _get(ev: Evaluator, attrs, name: str, default):
 
 _ORIGINAL_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SHARED_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SHARED_REFS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DESCENDANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 BUILTINS["before"] = _before
 BUILTINS["original"] = _original
