@@ -28,8 +28,9 @@ matching, compiled with interpreted replacements, and the index with egglog). De
 optimized in 2.6-3.3 s on a 2-core host with them (9.6 s before; its 23 rounds had read and
 re-matched the whole e-graph, up to 25,000 candidate roots and 5,500 matches a round, most of
 them found before), Inception-v2 in 1.6-2.1 s (3.9 s). Since elementwise bodies start only at
-the first op of a chain (``fusion_elementwise.rules``), DenseNet-121's e-graph holds 6,800
-e-nodes instead of 10,200 and it optimizes in 2.2-2.4 s, Inception-v2 in 1.2-1.4 s.
+the first op of a chain (``fusion_elementwise.rules``), DenseNet-121's e-graph holds 6,700
+e-nodes instead of 10,200 and it optimizes in 2.2-3.3 s (3.3-4.6 s before, in the same minutes
+of a host whose speed drifts), Inception-v2 in 1.2-1.5 s.
 
 Example:
     >>> state = EGraphState.from_graph(graph)                        # doctest: +SKIP
@@ -103,8 +104,8 @@ class Budget:
     iterations: int = 30
     max_nodes: int = 100_000
     #: 10 s, a guard more than a goal: every bundled and corpus model saturates well within it
-    #: (densenet121 in 1.8-1.9 s of CPU on a 2-core host, 22 rounds: its Concat chains; the rest
-    #: in under 1.3 s); a model that stops here extracts from what it has (any subset is sound)
+    #: (densenet121 in 1.7-2.7 s of CPU on a 2-core host, 22 rounds: its Concat chains; the rest
+    #: in under 1.5 s); a model that stops here extracts from what it has (any subset is sound)
     seconds: float = 10.0
     match_limit: int = 5000
     ban_length: int = 2
