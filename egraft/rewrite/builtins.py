@@ -282,10 +282,7 @@ def _shared_classes(ev: Evaluator) -> frozenset[int]:
         refs = _SHARED_REFS.get(ev.state)
         if refs is None:  # the source model's, once per e-graph
             state = ev.state
-            readers: dict[str, int] = {}
-            for node in state.source.nodes:
-                for name in {v.name for v in node.inputs if v is not None}:
-                    readers[name] = readers.get(name, 0) + 1
+            readers = {name: len({id(n) for n in nodes}) for name, nodes in state.source.consumers().items()}
             for v in state.source.outputs:
                 readers[v.name] = readers.get(v.name, 0) + 1
             nodes = state.source.nodes
@@ -398,3 +395,20 @@ def _static_spatial(ev: Evaluator, *xs) -> bool:
 
 
 BUILTINS["static_spatial"] = _static_spatial
+
+
+#: What each builtin reads of a bound e-class beyond its type (which the e-class's name fixes), so
+#: that semi-naive matching finds a refused match again when that changes
+#: (:func:`egraft.rewrite.match.reads_classes`): "const" its constant, "ops" its e-nodes' ops,
+#: "handles" the handles it holds (a merge brings in more). ``None``: nothing of it (values, types),
+#: or only what cannot turn a refusal into an acceptance as the e-graph grows (``distinct`` and
+#: ``independent`` only turn false, ``before`` compares handles, ``feeds_const``, written ``not
+#: feeds_const``, only refuses more). A builtin not listed counts as reading all three.
+READS: dict[str, str | None] = {
+    "const": "const", "value": "const", "all_equal": "const", "made_by": "ops", "original": "handles",
+    "shared": "handles",
+    **dict.fromkeys(("rank", "shape", "dim", "dtype", "static", "numel", "is_symbolic", "dims_at", "known_dims",
+                     "is_float", "static_spatial", "abs", "float", "int", "len", "max", "min", "range", "str", "get",
+                     "full_perm", "compose_perm", "inverse_perm", "shift_inputs", "opset", "distinct", "independent",
+                     "before", "feeds_const")),
+}

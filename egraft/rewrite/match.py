@@ -30,6 +30,7 @@ from typing import Any
 
 from egraft.ir.registry import get_op
 from egraft.rewrite.ast import EBinary, ECall, EIndex, EList, EUnary, EVar, PAbsent, POp, PVar, Rule
+from egraft.rewrite.builtins import READS
 from egraft.rewrite.egraph import ABSENT, OUT, ENode, Snapshot
 from egraft.rewrite.snapshot import Change
 
@@ -153,24 +154,13 @@ class Delta:
         return cls(fresh, dirty)
 
 
-#: What a guard builtin reads of a bound e-class beyond its type (which the e-class's name fixes):
-#: "const" its constant, "ops" its e-nodes' ops, "handles" the handles it holds (a merge brings in
-#: more). The others read nothing of it (values, types), or only what cannot turn a refusal into
-#: an acceptance as the e-graph grows: ``distinct`` and ``independent`` only turn false, ``before``
-#: compares handles, and ``feeds_const`` (written ``not feeds_const``) only refuses more.
-_READS = {"const": "const", "value": "const", "all_equal": "const", "made_by": "ops", "original": "handles",
-          "shared": "handles"}
-_READS_NOTHING = frozenset({
-    "rank", "shape", "dim", "dtype", "static", "numel", "is_symbolic", "dims_at", "known_dims", "is_float",
-    "static_spatial", "abs", "float", "int", "len", "max", "min", "range", "str", "get", "full_perm",
-    "compose_perm", "inverse_perm", "shift_inputs", "opset", "distinct", "independent", "before", "feeds_const"})
 #: The :class:`~egraft.rewrite.snapshot.Change` field of each kind of read.
 _CHANGES = {"const": "new_const", "ops": "new_ops", "handles": "joined"}
 
 
 def reads_classes(rule: Rule) -> frozenset[str]:
     """What the rule's guard reads of a bound e-class beyond its type: "const", "ops", "handles"
-    (:data:`_READS`; a builtin not known to read nothing counts as reading all three). An e-class
+    (:data:`egraft.rewrite.builtins.READS`; a builtin it does not list counts as reading all three). An e-class
     whose such property changed is new to the rule (:class:`Delta`); a compile-time value is read
     only by replacements, and the rewrites of a match are built once."""
     found: set[str] = set()
@@ -178,10 +168,10 @@ def reads_classes(rule: Rule) -> frozenset[str]:
     while stack:
         e = stack.pop()
         if isinstance(e, ECall):
-            if e.func in _READS:
-                found.add(_READS[e.func])
-            elif e.func not in _READS_NOTHING:
+            if e.func not in READS:
                 found.update(_CHANGES)
+            elif READS[e.func] is not None:
+                found.add(READS[e.func])
             stack += [*e.args, *(v for _, v in e.kwargs)]
         elif isinstance(e, EBinary):
             stack += [e.left, e.right]
