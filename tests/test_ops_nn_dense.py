@@ -453,8 +453,24 @@ def test_rms_norm_output_has_scale_type_and_symbolic():
 # ---- MeanVarianceNormalization, LpNormalization ------------------------------------------------------
 @pytest.mark.parametrize("opset,axes", [(9, None), (13, None), (13, [1]), (13, [0, 1, 2, 3]), (13, [-1, -2])])
 def test_mvn_matches_onnxruntime(opset, axes):
+    """Both engines against the spec's formula in float64, within its float32 error bound: the spec
+    computes E[X^2] - E[X]^2, whose rounding error relative to the variance is about
+    eps * E[X^2] / Var[X]; over 3 channels of a shifted input a variance can be small, and then
+    egraft and onnxruntime differ from each other by 1e-3 (seen in the suite)."""
     attrs = {} if axes is None else {"axes": axes}
-    check_vs_ort("MeanVarianceNormalization", opset, {"x": f32(2, 3, 4, 5) * 2 + 3}, rtol=1e-4, atol=1e-4, **attrs)
+    x = f32(2, 3, 4, 5) * 2 + 3
+    model = one_node("MeanVarianceNormalization", opset, {"x": x}, ["y"], **attrs)
+    reduced = tuple(sorted({a % 4 for a in (attrs.get("axes") or [0, 2, 3])}))
+    x64 = x.astype(np.float64)
+    mean, mean_sq = x64.mean(axis=reduced, keepdims=True), np.square(x64).mean(axis=reduced, keepdims=True)
+    variance = mean_sq - np.square(mean)
+    want = (x64 - mean) / (np.sqrt(variance) + 1e-9)
+    bound = 1e-5 + np.abs(want) * (1e-5 + 32 * np.finfo(np.float32).eps * mean_sq / variance)
+    for engine, (y,) in (("egraft", run_egraft(model, {"x": x})), ("onnxruntime", run_ort(model, {"x": x}))):
+        assert y.dtype == np.float32 and y.shape == x.shape, engine
+        excess = np.abs(y.astype(np.float64) - want) - bound
+        worst = np.unravel_index(excess.argmax(), x.shape)
+        assert excess.max() <= 0, f"{engine}: {excess.max()} over the bound at {worst}"
     assert output_type("MeanVarianceNormalization", opset, {"x": (np.float32, ["batch", 3, "h", "w"])}, **attrs) == \
         "f32[batch, 3, h, w]"
 
