@@ -285,8 +285,27 @@ __shared__ float Bs[2][{tile.bk}][{tile.bn + 1}];
 float ra[{per_a}], rb[{per_b}];
 {zeroed_accumulators(tile, "float", "0.0f")}
 const int tiles_k = (int)eg_ceildiv(K, {tile.bk});
-{{
-const int k0 = 0;
+{k_loop(tile, load_a, load_b, store_a, store_b, "int", "float", "fmaf")}
+{_epilogue(tile, out, addends, alpha, activation, column_setup)}"""
+
+
+def k_loop(tile: Tile, load_a: str, load_b: str, store_a: str, store_b: str, k_type: str, value_type: str,
+           fma: str, after_tile: str = "") -> str:
+    """The K loop of a tile-loop kernel, double-buffered in shared memory: tile 0 is loaded and
+    stored into buffer 0; then for each of the ``tiles_k`` tiles, the next one's loads into
+    registers are issued, the current one's products are added (``acc[i][j] = fma(a[i], b[j],
+    acc[i][j])`` over registers of ``value_type``), ``after_tile`` runs, and the next tile is
+    stored into the other buffer. ``k0`` (a ``k_type``) is the first K index of the tile being
+    loaded; ``store_a``/``store_b`` name the buffer ``{buf}``. :func:`gemm_body` and its integer
+    sibling :func:`egraft.kernels.cuda.quant.int_gemm_body` share it.
+
+    Example:
+        >>> "acc[i][j] = fmaf(a[i], b[j], acc[i][j]);" in k_loop(SQUARE, "", "", "", "", "int", "float", "fmaf")
+        True
+    """
+    cast = "" if k_type == "int" else f"({k_type})"
+    return f"""{{
+const {k_type} k0 = 0;
 {load_a}
 {load_b}
 {store_a.format(buf=0)}
@@ -297,13 +316,13 @@ for (int kt = 0; kt < tiles_k; ++kt) {{
 const int cur = kt & 1;
 const bool more = kt + 1 < tiles_k;
 if (more) {{
-const int k0 = (kt + 1) * {tile.bk};
+const {k_type} k0 = {cast}(kt + 1) * {tile.bk};
 {load_a}
 {load_b}
 }}
 #pragma unroll
 for (int kk = 0; kk < {tile.bk}; ++kk) {{
-float a[{tile.tm}], b[{tile.tn}];
+{value_type} a[{tile.tm}], b[{tile.tn}];
 #pragma unroll
 for (int i = 0; i < {tile.tm}; ++i) a[i] = As[cur][kk][ty + {tile.threads_m} * i];
 #pragma unroll
@@ -311,16 +330,15 @@ for (int j = 0; j < {tile.tn}; ++j) b[j] = Bs[cur][kk][tx + {tile.threads_n} * j
 #pragma unroll
 for (int i = 0; i < {tile.tm}; ++i) {{
 #pragma unroll
-for (int j = 0; j < {tile.tn}; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+for (int j = 0; j < {tile.tn}; ++j) acc[i][j] = {fma}(a[i], b[j], acc[i][j]);
 }}
 }}
-if (more) {{
+{after_tile}if (more) {{
 {store_a.format(buf="cur ^ 1")}
 {store_b.format(buf="cur ^ 1")}
 }}
 __syncthreads();
-}}
-{_epilogue(tile, out, addends, alpha, activation, column_setup)}"""
+}}"""
 
 
 def gemm_grid(ctx: CudaContext, tile: Tile, m, n, batch=1):
@@ -637,5 +655,5 @@ def _batched_matmul(ctx: CudaContext, a2: tuple, b2: tuple, batch: tuple, full: 
 
 
 __all__ = ["Tile", "SQUARE", "WIDE", "TALL", "pick_tile", "Operand", "dense_operand", "Term", "strided",
-           "strided_columns", "gemm_body", "gemm_grid", "require_float32", "broadcast_strides", "batch_bases",
+           "strided_columns", "gemm_body", "k_loop", "gemm_grid", "require_float32", "broadcast_strides", "batch_bases",
            "gemm_kernel", "matmul_kernel"]

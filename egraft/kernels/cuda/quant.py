@@ -56,6 +56,7 @@ from egraft.kernels.cuda.gemm import (
     batch_bases,
     broadcast_strides,
     gemm_grid,
+    k_loop,
     pick_tile,
     strided,
     tile_coordinates,
@@ -471,6 +472,7 @@ def int_gemm_body(ctx: CudaContext, tile: Tile, m: str, n: str, k: str, prologue
     shared_sums = f"__shared__ int sums[{tile.bn + tile.bm}];\n" if sums else ""
     own = "int own = 0;  /* this thread's column sum of B or row sum of A */\n" if sums else ""
     publish = f"if (t < {tile.bn + tile.bm}) sums[t] = own;\n__syncthreads();\n" if sums else ""
+    after_tile = _sums(ctx, tile, a, b, rows, cols) + "\n"  # the sums of the tiles just multiplied
     return f"""__shared__ unsigned As[2][{tile.bk}][{tile.bm + 1}];
 __shared__ unsigned Bs[2][{tile.bk}][{tile.bn + 1}];
 {shared_sums}{tile_coordinates(tile, m, n, k)}
@@ -480,42 +482,7 @@ __shared__ unsigned Bs[2][{tile.bk}][{tile.bn + 1}];
 unsigned ra[{per_a}], rb[{per_b}];
 {zeroed_accumulators(tile, "int", "0")}
 {own}const int tiles_k = (int)eg_ceildiv(eg_ceildiv(K, 4LL), {tile.bk});
-{{
-const long long k0 = 0;
-{load_a}
-{load_b}
-{store_a.format(buf=0)}
-{store_b.format(buf=0)}
-}}
-__syncthreads();
-for (int kt = 0; kt < tiles_k; ++kt) {{
-const int cur = kt & 1;
-const bool more = kt + 1 < tiles_k;
-if (more) {{
-const long long k0 = (long long)(kt + 1) * {tile.bk};
-{load_a}
-{load_b}
-}}
-#pragma unroll
-for (int kk = 0; kk < {tile.bk}; ++kk) {{
-unsigned a[{tile.tm}], b[{tile.tn}];
-#pragma unroll
-for (int i = 0; i < {tile.tm}; ++i) a[i] = As[cur][kk][ty + {tile.threads_m} * i];
-#pragma unroll
-for (int j = 0; j < {tile.tn}; ++j) b[j] = Bs[cur][kk][tx + {tile.threads_n} * j];
-#pragma unroll
-for (int i = 0; i < {tile.tm}; ++i) {{
-#pragma unroll
-for (int j = 0; j < {tile.tn}; ++j) acc[i][j] = {dot}(a[i], b[j], acc[i][j]);
-}}
-}}
-{_sums(ctx, tile, a, b, rows, cols)}
-if (more) {{
-{store_a.format(buf="cur ^ 1")}
-{store_b.format(buf="cur ^ 1")}
-}}
-__syncthreads();
-}}
+{k_loop(tile, load_a, load_b, store_a, store_b, "long long", "unsigned", dot, after_tile)}
 {publish}{_int_epilogue(tile, epilogue)}"""
 
 
