@@ -6,15 +6,28 @@ bundled models, the test encoder and (``--corpus``) every fetched real model.
 ``--json FILE`` keeps the figures; ``--before FILE`` (an earlier run's JSON) adds the
 before/after columns: time ratio and plan cost ratio (a plan cost above 1.0 got dearer).
 
+``--against DIR`` times this checkout against another one (a ``git worktree`` of an earlier
+revision) in the same minutes: one worker process per checkout, and per model ``--rounds``
+rounds of a block of ``--repeat`` optimizes in each, the order swapped every round. The host's
+speed drifts by a third or more over minutes, so two runs made minutes apart compare spells as
+much as code; the time ratio is the median over rounds of the two blocks' medians
+(:func:`egraft.testing.timing.paired_ratio`).
+
 Run: python benchmarks/optimize_time.py [--repeat 3] [--corpus] [--json after.json] [--before before.json]
+     python benchmarks/optimize_time.py --against /tmp/before [--rounds 3] [--corpus] [--only densenet121]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import onnx
 from rich.console import Console
@@ -25,6 +38,7 @@ from egraft.optimize import optimize
 from egraft.rewrite.load import load_rules
 from egraft.testing.encoder import encoder_model
 from egraft.testing.models import LIGHT_MODELS, light_model_path
+from egraft.testing.timing import medians_ms, paired_ratio
 
 #: what issue 18 asks: every bundled model within 3 s, every corpus model within 5 s
 TARGET_BUNDLED, TARGET_CORPUS = 3.0, 5.0
@@ -59,6 +73,83 @@ def models(corpus: bool, only: list[str] | None):
     return [m for m in found if not only or m[0] in only]
 
 
+#: A worker: reads ``[model path, runs]`` lines, optimizes the model that many times with the
+#: ``egraft`` its ``PYTHONPATH`` names, answers each line with the seconds and the plan.
+_WORKER = r"""
+import json, sys, time, onnx, egraft
+from egraft.optimize import optimize
+for line in sys.stdin:
+    path, runs = json.loads(line)
+    model, seconds = onnx.load(path), []
+    for _ in range(runs):
+        graph = egraft.load(model)
+        start = time.perf_counter()
+        result = optimize(graph, cost="roofline")
+        seconds.append(time.perf_counter() - start)
+    print(json.dumps({"seconds": seconds, "cost": result.extraction.cost,
+                      "enodes": result.saturation.nodes_after}), flush=True)
+"""
+
+
+class _Worker:
+    """A process that optimizes models with the ``egraft`` of checkout ``root``."""
+
+    def __init__(self, root: Path):
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        self.process = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+
+    def optimize(self, path: Path, runs: int) -> dict:
+        self.process.stdin.write(json.dumps([str(path), runs]) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"the worker of {self.process.args} ended; its stderr says why")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def against(other: Path, models_: list, rounds: int, repeat: int) -> None:
+    """This checkout's optimize time and plan against ``other``'s, model by model, in
+    alternating blocks (module docstring)."""
+    if not (other / "egraft" / "__init__.py").is_file():
+        raise SystemExit(f"--against {other}: no egraft package there (give a checkout, e.g. a git worktree)")
+    here = Path(__file__).resolve().parent.parent
+    workers = {"this": _Worker(here), "other": _Worker(other)}
+    table = Table(title=f"egraft optimize, this checkout against {other}: {rounds} rounds of {repeat} runs "
+                        "each, alternating (seconds)")
+    for col in ("model", "set", "e-nodes", "other e-nodes", "total", "other total", "time ratio", "cost ratio",
+                "target"):
+        table.add_column(col, justify="left" if col in ("model", "set") else "right")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for name, kind, load in models_:
+                path = Path(tmp) / f"{name}.onnx"
+                onnx.save(load(), path)
+                for worker in workers.values():
+                    worker.optimize(path, 1)  # untimed: first-call costs (rules parsed, memory faulted in)
+                times: dict[str, list[list[float]]] = {"this": [], "other": []}
+                found = {}
+                for r in range(rounds):
+                    for side in (("this", "other") if r % 2 == 0 else ("other", "this")):
+                        found[side] = workers[side].optimize(path, repeat)
+                        times[side].append(found[side]["seconds"])
+                median = {side: ms / 1e3 for side, ms in medians_ms(times).items()}
+                target = TARGET_BUNDLED if kind == "bundled" else TARGET_CORPUS
+                table.add_row(name, kind, str(found["this"]["enodes"]), str(found["other"]["enodes"]),
+                              f"{median['this']:.2f}", f"{median['other']:.2f}",
+                              f"{paired_ratio(times, 'this', 'other'):.2f}",
+                              f"{found['this']['cost'] / found['other']['cost']:.4f}",
+                              f"≤ {target:.0f}" + ("" if median["this"] <= target else " ✗"))
+        finally:
+            for worker in workers.values():
+                worker.close()
+    Console(width=200).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
@@ -66,7 +157,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME")
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     parser.add_argument("--before", metavar="FILE", help="an earlier --json run to compare with")
+    parser.add_argument("--against", metavar="DIR", type=Path,
+                        help="another checkout to time against, in alternating blocks")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: rounds of blocks per model")
     args = parser.parse_args()
+    if args.against is not None:
+        against(args.against.resolve(), models(args.corpus, args.only), args.rounds, args.repeat)
+        return
     before = json.load(open(args.before))["models"] if args.before else {}
     files = load_rules([], include_shipped=True)
     n_rules = sum(len(f.rules) for f in files)
