@@ -45,6 +45,8 @@ TARGET_BUNDLED, TARGET_CORPUS = 3.0, 5.0
 
 
 def measure(model: onnx.ModelProto, repeat: int) -> dict:
+    """The medians of ``repeat`` optimizes of ``model`` by stage, each run's total (``seconds``)
+    and the plan's figures."""
     runs, result = [], None
     for _ in range(repeat):
         graph = egraft.load(model)
@@ -54,7 +56,7 @@ def measure(model: onnx.ModelProto, repeat: int) -> dict:
     figures = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in ("load", "saturate", "extract", "total")}
     figures.update(nodes=len(result.source.nodes), after=len(result.graph.nodes), cost=result.extraction.cost,
                    iterations=result.saturation.iterations, stop=result.saturation.stop_reason,
-                   enodes=result.saturation.nodes_after)
+                   enodes=result.saturation.nodes_after, seconds=[r["total"] for r in runs])
     return figures
 
 
@@ -73,21 +75,15 @@ def models(corpus: bool, only: list[str] | None):
     return [m for m in found if not only or m[0] in only]
 
 
-#: A worker: reads ``[model path, runs]`` lines, optimizes the model that many times with the
-#: ``egraft`` its ``PYTHONPATH`` names, answers each line with the seconds and the plan.
+#: A worker: reads ``[model path, runs]`` lines and answers each with :func:`measure`'s figures,
+#: run with the ``egraft`` that its ``PYTHONPATH`` names (this script's imports included).
 _WORKER = r"""
-import json, sys, time, onnx, egraft
-from egraft.optimize import optimize
+import json, sys, onnx
+sys.path.insert(0, sys.argv[1])
+from optimize_time import measure
 for line in sys.stdin:
     path, runs = json.loads(line)
-    model, seconds = onnx.load(path), []
-    for _ in range(runs):
-        graph = egraft.load(model)
-        start = time.perf_counter()
-        result = optimize(graph, cost="roofline")
-        seconds.append(time.perf_counter() - start)
-    print(json.dumps({"seconds": seconds, "cost": result.extraction.cost,
-                      "enodes": result.saturation.nodes_after}), flush=True)
+    print(json.dumps(measure(onnx.load(path), runs)), flush=True)
 """
 
 
@@ -96,7 +92,8 @@ class _Worker:
 
     def __init__(self, root: Path):
         env = {**os.environ, "PYTHONPATH": str(root)}
-        self.process = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-c", _WORKER, str(Path(__file__).resolve().parent)],
+                                        stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=env, cwd=root)
 
     def optimize(self, path: Path, runs: int) -> dict:

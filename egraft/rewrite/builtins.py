@@ -269,7 +269,11 @@ def _original(ev: Evaluator, *xs) -> bool:
     """Every argument's e-class holds a tensor of the source model (a node's output, an input or
     an initializer), not only terms that rules built: ``original(w1, w2)`` holds for a model's own
     weights, not for weights that folding scaled or that a merge concatenated."""
-    classes = _original_classes(ev)
+    return _all_in(ev, xs, _original_classes(ev))
+
+
+def _all_in(ev: Evaluator, xs, classes: frozenset[int]) -> bool:
+    """Every tensor argument among ``xs`` (lists spread) lies in one of ``classes``."""
     return all(isinstance(h, Handle) and ev.snap.ref_class.get(h.ref) in classes for h in _flat(xs))
 
 
@@ -299,8 +303,7 @@ def _shared(ev: Evaluator, *xs) -> bool:
     """Every argument's e-class holds a tensor of the source model that several of its nodes read
     (a layer norm's centred input, read by the variance and by the normalization): a tensor the
     model computes once for several consumers, which a fused body may keep rather than recompute."""
-    classes = _shared_classes(ev)
-    return all(isinstance(h, Handle) and ev.snap.ref_class.get(h.ref) in classes for h in _flat(xs))
+    return _all_in(ev, xs, _shared_classes(ev))
 
 
 def _descendants(ev: Evaluator) -> dict[int, int]:

@@ -134,10 +134,10 @@ def canonical_body(attrs: dict, keys: list) -> tuple[list[int], dict]:
 def _canonical_text(text: str, index: tuple[int, ...]) -> str:
     """The text of body ``text`` with input ``i`` read as ``index[i]``, commutative arguments
     sorted: memoized, since the fusion rules extend the same bodies on every layer."""
-    tree = parse_expr(text)
-    if max_input(tree) >= len(index):
-        raise ExprError(f"expr reads x{max_input(tree)} but the node has {len(index)} inputs")
-    return render_expr(_renamed(tree, index))
+    reads = _reads(text)
+    if reads >= len(index):
+        raise ExprError(f"expr reads x{reads} but the node has {len(index)} inputs")
+    return render_expr(_renamed(parse_expr(text), index))
 
 
 def _renamed(tree, index: list[int]):
